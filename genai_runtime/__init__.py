@@ -1,0 +1,41 @@
+"""genai_runtime: a config-driven inference runtime for ONNX generative models.
+
+The public API is call-compatible with onnxruntime-genai's Python API::
+
+    import genai_runtime as og
+    model = og.Model("path/to/model")
+    tokenizer = og.Tokenizer(model)
+"""
+
+from .errors import (
+    ConfigError,
+    GenaiRuntimeError,
+    GenerationError,
+    ModelError,
+    PathEscapeError,
+    TokenizerError,
+    TrustError,
+    UnsupportedError,
+)
+from .generator import Generator, GeneratorParams
+from .model import Config, Model
+from .tokenizer import Tokenizer, TokenizerStream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "GenaiRuntimeError",
+    "GenerationError",
+    "Generator",
+    "GeneratorParams",
+    "Model",
+    "ModelError",
+    "PathEscapeError",
+    "Tokenizer",
+    "TokenizerError",
+    "TokenizerStream",
+    "TrustError",
+    "UnsupportedError",
+]

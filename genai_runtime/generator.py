@@ -1,0 +1,339 @@
+"""``GeneratorParams`` and ``Generator``: onnxruntime-genai's generation loop over our executor.
+
+Timing follows the reference: ``append_tokens`` runs the prompt at once; the forward pass for a
+sampled token runs at the start of the next ``generate_next_token``. Divergences (documented in
+the README): a token generated but not yet run is fed along with tokens appended after it, and
+``rewind_to(n)`` keeps exactly ``n`` tokens and recomputes the logits after the n-th.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from .config.spec import GenerationSpec
+from .decoding.processors import make_chain
+from .decoding.sampling import greedy, make_rng, sample
+from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
+from .kv import plan_cache
+from .model import Model
+from .runtime.executor import Executor
+
+# onnxruntime-genai's search options (+ min_p), with the type each takes.
+SEARCH_OPTIONS: dict[str, type] = {
+    "batch_size": int,
+    "chunk_size": int,
+    "diversity_penalty": float,
+    "do_sample": bool,
+    "early_stopping": bool,
+    "length_penalty": float,
+    "max_length": int,
+    "min_length": int,
+    "min_p": float,
+    "no_repeat_ngram_size": int,
+    "num_beams": int,
+    "num_return_sequences": int,
+    "past_present_share_buffer": bool,
+    "random_seed": int,
+    "repetition_penalty": float,
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+}
+_RANGES = {
+    "batch_size": (1, None),
+    "chunk_size": (0, None),
+    "max_length": (1, None),
+    "min_length": (0, None),
+    "min_p": (0.0, 1.0),
+    "no_repeat_ngram_size": (0, None),
+    "num_beams": (1, None),
+    "num_return_sequences": (1, None),
+    "temperature": (0.0, None),
+    "top_k": (0, None),
+    "top_p": (0.0, 1.0),
+}
+
+
+class GeneratorParams:
+    def __init__(self, model: Model):
+        self.model = model
+        self.search: GenerationSpec = model.spec.generation
+
+    def set_search_options(self, **options: Any) -> None:
+        values = {}
+        for key, value in options.items():
+            if key not in SEARCH_OPTIONS:
+                raise GenerationError(
+                    f"unknown search option {key!r} (expected one of: {', '.join(SEARCH_OPTIONS)})"
+                )
+            values[key] = _coerce(key, value)
+        self.search = dataclasses.replace(self.search, **values)
+
+    def get_search_options(self) -> dict[str, Any]:
+        """As the reference returns them: numbers as floats, flags as bools."""
+        out = {}
+        for key, kind in SEARCH_OPTIONS.items():
+            value = getattr(self.search, key)
+            out[key] = value if kind is bool else float(value)
+        return out
+
+    def try_graph_capture_with_max_batch_size(self, max_batch_size: int) -> None:
+        """Accepted for compatibility (deprecated in the reference); CPU has no graph capture."""
+
+
+def _coerce(key: str, value: Any) -> Any:
+    kind = SEARCH_OPTIONS[key]
+    if kind is bool:
+        if isinstance(value, (bool, np.bool_)) or value in (0, 1):
+            return bool(value)
+        raise GenerationError(f"search option {key}: expected a bool, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise GenerationError(f"search option {key}: expected a number, got {value!r}")
+    if kind is int:
+        if float(value) != int(value):
+            raise GenerationError(f"search option {key}: expected an integer, got {value!r}")
+        value = int(value)
+    else:
+        value = float(value)
+    low, high = _RANGES.get(key, (None, None))
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise GenerationError(f"search option {key}: expected a value {bounds}, got {value!r}")
+    return value
+
+
+class Generator:
+    def __init__(self, model: Model, params: GeneratorParams):
+        search = params.search
+        spec = model.spec
+        if search.num_beams > 1 or search.num_return_sequences > 1:
+            raise UnsupportedError(
+                f"beam search is not implemented (num_beams={search.num_beams}, "
+                f"num_return_sequences={search.num_return_sequences}); use num_beams=1"
+            )
+        if spec.strategy.kind != "standard":
+            raise UnsupportedError(
+                f"pipeline.strategy.kind {spec.strategy.kind!r} is not implemented yet; "
+                'overlay {"pipeline": {"strategy": {"kind": "standard"}}} to decode one token '
+                "per step"
+            )
+        if search.max_length <= 0:
+            raise GenerationError("max_length is not set (generation.max_length / search)")
+        vocab = model.vocab_size
+        if vocab is None:
+            raise ModelError("the logits' vocabulary size is neither in the graph nor the config")
+        self.model = model
+        self.search = search
+        self.batch_size = search.batch_size
+        self.max_length = search.max_length
+        self.vocab_size = vocab
+        self.pad_token_id = spec.tokens.pad if spec.tokens.pad is not None else 0
+        self.eos_token_ids = np.array(spec.tokens.eos, dtype=np.int64)
+        layout = model.plan.layout
+        kv_plan = None
+        if layout is not None:
+            kv_plan = plan_cache(layout, spec.state.kv_cache, search.past_present_share_buffer)
+        self.kv_plan = kv_plan
+        self._exec = Executor(
+            model.plan,
+            model.sessions,
+            kv_plan,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            pad_token_id=spec.tokens.pad,
+        )
+        self._chain = make_chain(search, eos_token_ids=spec.tokens.eos, vocab_size=vocab)
+        self._greedy = search.is_greedy
+        self._rng = make_rng(search.random_seed)
+        self._seq = np.zeros((self.batch_size, self.max_length), np.int32)
+        self._length = 0
+        self._logits: np.ndarray | None = None  # logits awaiting a token choice
+        self._pending: np.ndarray | None = None  # tokens in the sequence, not yet run
+        self._next = np.zeros(self.batch_size, np.int32)
+        self._eos_seen = np.zeros(self.batch_size, bool)
+        self._done = False
+
+    # -- the reference API -----------------------------------------------------------------
+
+    def append_tokens(self, tokens: Any) -> None:
+        new = self._as_batch(tokens)
+        n = new.shape[1]
+        if self._length + n > self.max_length:
+            raise GenerationError(
+                f"{n} tokens + current length {self._length} exceed max_length {self.max_length}"
+            )
+        if self._length and self.batch_size > 1:
+            raise GenerationError(
+                "append_tokens can be called once per batch (batch_size > 1); rewind_to(0) first"
+            )
+        feed = new if self._pending is None else np.concatenate([self._pending, new], axis=1)
+        self._logits = self._forward(feed)
+        self._seq[:, self._length : self._length + n] = new
+        self._length += n
+        self._pending = None
+        self._eos_seen[:] = False
+        self._done = False
+
+    def generate_next_token(self) -> None:
+        if self._length == 0 and self._logits is None:
+            raise GenerationError("generate_next_token before append_tokens: no tokens to extend")
+        if self._length >= self.max_length:
+            raise GenerationError(
+                f"sequence is already at max_length ({self.max_length}); nothing to generate"
+            )
+        if self._logits is None:
+            self._logits = self._forward(self._pending)
+            self._pending = None
+        logits = self._logits
+        if self._chain is not None:
+            logits = self._chain(self._seq[:, : self._length], logits)
+        if self._greedy:
+            tokens = greedy(logits)
+        else:
+            s = self.search
+            tokens = sample(
+                logits, top_k=s.top_k, top_p=s.top_p, temperature=s.temperature,
+                min_p=s.min_p, rng=self._rng,
+            )  # fmt: skip
+        tokens = np.where(self._eos_seen, self.pad_token_id, tokens).astype(np.int32)
+        self._eos_seen |= np.isin(tokens, self.eos_token_ids)
+        self._seq[:, self._length] = tokens
+        self._length += 1
+        self._next[:] = tokens
+        self._pending = self._next[:, None]
+        self._logits = None
+        self._done = bool(self._eos_seen.all()) or self._length >= self.max_length
+
+    def is_done(self) -> bool:
+        return self._logits is None and self._done
+
+    def get_next_tokens(self) -> np.ndarray:
+        return self._next.copy()
+
+    def get_sequence(self, index: int) -> np.ndarray:
+        if not 0 <= index < self.batch_size:
+            raise GenerationError(f"sequence index {index} out of range [0, {self.batch_size})")
+        return self._seq[index, : self._length].copy()
+
+    def token_count(self) -> int:
+        return self._length
+
+    def get_logits(self) -> np.ndarray:
+        """Logits for the next token, ``[B, 1, V]``; runs any pending token first."""
+        if self._logits is None:
+            if self._pending is None:
+                raise GenerationError("no logits: call append_tokens first")
+            self._logits = self._forward(self._pending)
+            self._pending = None
+        return self._logits.reshape(self.batch_size, 1, -1).copy()
+
+    def set_logits(self, logits: Any) -> None:
+        array = np.asarray(logits, dtype=np.float32)
+        if array.size != self.batch_size * self.vocab_size:
+            raise GenerationError(
+                f"set_logits expects {self.batch_size}x{self.vocab_size} values, got shape "
+                f"{array.shape}"
+            )
+        self._logits = array.reshape(self.batch_size, self.vocab_size).copy()
+        self._pending = None
+
+    def rewind_to(self, length: int) -> None:
+        """Keep the first ``length`` tokens; the next step recomputes logits after them."""
+        if length < 0 or length > self._length:
+            raise GenerationError(
+                f"cannot rewind to {length}: the sequence has {self._length} tokens"
+            )
+        if self.batch_size > 1 and 0 < length < self._exec.positions.prompt_length:
+            raise GenerationError(
+                "with batch_size > 1, rewind_to needs 0 or a length past the padded prompt"
+            )
+        if length == 0:
+            self._exec.rewind_to(0)
+            self._pending = None
+        else:
+            self._exec.rewind_to(length - 1)
+            self._pending = self._seq[:, length - 1 : length].copy()
+        self._length = length
+        self._logits = None
+        self._eos_seen = np.isin(self._seq[:, :length], self.eos_token_ids).any(axis=1)
+        self._done = False
+
+    def get_output(self, name: str) -> np.ndarray:
+        return self._exec.output(name)
+
+    def get_input(self, name: str) -> np.ndarray:
+        if name in self._exec.user_inputs:
+            return self._exec.user_inputs[name].numpy().copy()
+        raise GenerationError(f"no input {name!r} was set with set_model_input")
+
+    def set_model_input(self, name: str, value: Any) -> None:
+        array = np.ascontiguousarray(value)
+        known = {f.name for s in self.model.plan.stages for f in s.feeds}
+        if name not in known:
+            raise GenerationError(
+                f"no stage declares an input {name!r} (inputs: {', '.join(sorted(known))})"
+            )
+        self._exec.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(array)
+
+    # -- conveniences ----------------------------------------------------------------------
+
+    def __iter__(self) -> Generator:
+        return self
+
+    def __next__(self) -> int | np.ndarray:
+        if self.is_done():
+            raise StopIteration
+        self.generate_next_token()
+        return int(self._next[0]) if self.batch_size == 1 else self._next.copy()
+
+    @property
+    def kv_cache(self):
+        return self._exec.cache
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _as_batch(self, tokens: Any) -> np.ndarray:
+        array = np.asarray(tokens)
+        if array.size == 0:
+            raise GenerationError("append_tokens: no tokens given")
+        if not np.issubdtype(array.dtype, np.integer):
+            raise GenerationError(f"append_tokens: expected integer token ids, got {array.dtype}")
+        if array.ndim == 1:
+            if array.size % self.batch_size:
+                raise GenerationError(
+                    f"append_tokens: {array.size} tokens do not split into batch_size "
+                    f"{self.batch_size} rows"
+                )
+            array = array.reshape(self.batch_size, -1)
+        if array.ndim != 2 or array.shape[0] != self.batch_size:
+            raise GenerationError(
+                f"append_tokens: expected [{self.batch_size}, n] tokens, got shape {array.shape}"
+            )
+        bad = (array < 0) | (array >= self.vocab_size)
+        if bad.any():
+            row, col = (int(i) for i in np.argwhere(bad)[0])
+            raise GenerationError(
+                f"append_tokens: token id {int(array[row, col])} at [{row}, {col}] is outside "
+                f"the vocabulary [0, {self.vocab_size})"
+            )
+        return array.astype(np.int32)
+
+    def _forward(self, tokens: np.ndarray) -> np.ndarray:
+        chunk = self.search.chunk_size
+        start = self._exec.length
+        try:
+            if chunk and tokens.shape[1] > chunk and self.batch_size == 1:
+                for start in range(0, tokens.shape[1], chunk):
+                    logits = self._exec.forward(tokens[:, start : start + chunk])
+                return logits
+            return self._exec.forward(tokens)
+        except Exception as exc:
+            self._exec.rewind_to(start)  # a failed pass leaves the generator as it was
+            if isinstance(exc, GenaiRuntimeError):
+                raise
+            raise ModelError(f"model run failed: {exc}") from exc

@@ -1,0 +1,74 @@
+"""The KVCache protocol and the layout facts a cache is built from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..runtime.bound import BoundSession
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What the decoder graph declares about its self-attention cache.
+
+    ``past`` / ``present`` hold, per layer, the tensor names: ``(key, value)`` for separate
+    caches, ``(kv,)`` for the combined gpt2 layout ``[2, B, H, S, D]``.
+    """
+
+    format: Literal["separate", "combined", "scatter"]
+    past: tuple[tuple[str, ...], ...]
+    present: tuple[tuple[str, ...], ...]
+    dtype: np.dtype
+    num_kv_heads: int
+    head_size: int
+    pattern: str  # the past-key name pattern that matched, for messages
+    file: str
+    static_capacity: int | None = None  # scatter caches: the graph's fixed max sequence
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.past)
+
+    @property
+    def seq_axis(self) -> int:
+        return {"separate": 2, "combined": 3, "scatter": 1}[self.format]
+
+    def shape(self, batch: int, seq: int) -> tuple[int, ...]:
+        h, d = self.num_kv_heads, self.head_size
+        if self.format == "combined":
+            return (2, batch, h, seq, d)
+        if self.format == "scatter":
+            return (batch, seq, h * d)
+        return (batch, h, seq, d)
+
+    def bytes_per_token(self, batch: int) -> int:
+        per_tensor = batch * self.num_kv_heads * self.head_size * self.dtype.itemsize
+        names = sum(len(p) for p in self.past)
+        return per_tensor * names * (2 if self.format == "combined" else 1)
+
+
+class KVCache(Protocol):
+    """One cache layout. ``length`` counts tokens whose keys/values the cache holds."""
+
+    kind: ClassVar[str]
+    layout: KVLayout
+    length: int
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def bind(self, stage: BoundSession, num_new: int) -> None:
+        """Put past (and present) tensors in place for a pass over ``num_new`` tokens."""
+
+    def advance(self, stage: BoundSession, num_new: int) -> None:
+        """Account for what ``stage`` just wrote for ``num_new`` tokens."""
+
+    def rewind_to(self, length: int) -> None:
+        """Forget everything past ``length`` tokens."""

@@ -1,0 +1,59 @@
+"""Concat cache: the graph appends new keys/values to ``past`` and returns ``present``; the
+runtime feeds ``present`` back as the next ``past``. Works for separate and combined layouts."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import onnxruntime as ort
+
+from ..runtime.bound import BoundSession
+from .base import KVLayout
+
+
+class ConcatCache:
+    kind: ClassVar[str] = "concat"
+
+    def __init__(self, layout: KVLayout, batch_size: int, max_length: int):
+        self.layout = layout
+        self.length = 0
+        self._batch = batch_size
+        self._past_names = [n for names in layout.past for n in names]
+        self._present_names = [n for names in layout.present for n in names]
+        self._empty = np.zeros(layout.shape(batch_size, 0), layout.dtype)
+        self._reset()
+
+    def _reset(self) -> None:
+        empty = ort.OrtValue.ortvalue_from_numpy(self._empty)
+        self._past = [empty] * len(self._past_names)
+
+    @property
+    def capacity(self) -> int:
+        return self.length
+
+    @property
+    def nbytes(self) -> int:
+        return self.length * self.layout.bytes_per_token(self._batch)
+
+    def bind(self, stage: BoundSession, num_new: int) -> None:
+        for name, value in zip(self._past_names, self._past):
+            stage.bind_value(name, value)
+        for name in self._present_names:
+            stage.bind_output_alloc(name)
+
+    def advance(self, stage: BoundSession, num_new: int) -> None:
+        self._past = [stage.output(name) for name in self._present_names]
+        self.length += num_new
+
+    def rewind_to(self, length: int) -> None:
+        if length == 0:
+            self._reset()
+        elif length < self.length:
+            axis = self.layout.seq_axis
+            index = (slice(None),) * axis + (slice(0, length),)
+            self._past = [
+                ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[index]))
+                for v in self._past
+            ]
+        self.length = min(self.length, length)

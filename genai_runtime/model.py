@@ -1,0 +1,170 @@
+"""``Config`` and ``Model``: onnxruntime-genai's entry points over our spec, plan and sessions."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+from .config import load
+from .config.spec import PipelineSpec, ProviderSpec, frozen_map
+from .errors import ConfigError, TrustError, UnsupportedError
+from .routing import Route, classify
+from .runtime.graph_io import SessionIO
+from .runtime.plan import Plan, build_plan
+from .runtime.sessions import create_session
+
+PathLike = str | os.PathLike
+
+
+class Config:
+    """A model folder's configuration, loaded and validated at construction.
+
+    ``overlay(json)`` merges JSON over the file (and re-validates); provider calls override the
+    execution providers of every session, as onnxruntime-genai's do for its decoder.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        preset_dirs: Sequence[PathLike] = (),
+        root: PathLike | None = None,
+    ):
+        self.path = Path(path)
+        self._preset_dirs = tuple(Path(p) for p in preset_dirs)
+        self._root = Path(root) if root is not None else None
+        self._overlays: list[dict[str, Any]] = []
+        self._providers: list[ProviderSpec] | None = None
+        self._spec = self._load()
+
+    def _load(self) -> PipelineSpec:
+        overlay: dict[str, Any] = {}
+        for layer in self._overlays:
+            overlay = _merge(overlay, layer)
+        return load(self.path, overlay or None, preset_dirs=self._preset_dirs, root=self._root)
+
+    @property
+    def spec(self) -> PipelineSpec:
+        if self._providers is None:
+            return self._spec
+        sessions = {
+            name: dataclasses.replace(
+                s, options=dataclasses.replace(s.options, providers=tuple(self._providers))
+            )
+            for name, s in self._spec.sessions.items()
+        }
+        return dataclasses.replace(self._spec, sessions=frozen_map(sessions))
+
+    def overlay(self, json_text: str) -> None:
+        try:
+            layer = json.loads(json_text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError([f"overlay is not valid JSON: {exc}"]) from exc
+        self._overlays.append(layer)
+        try:
+            self._spec = self._load()
+        except Exception:
+            self._overlays.pop()
+            raise
+
+    def clear_providers(self) -> None:
+        self._providers = []
+
+    def append_provider(self, provider: str) -> None:
+        self._providers = [*(self._providers or []), ProviderSpec(provider)]
+
+    def set_provider_option(self, provider: str, key: str, value: str) -> None:
+        providers = list(self._providers or [])
+        for i, p in enumerate(providers):
+            if p.name == provider:
+                providers[i] = ProviderSpec(provider, frozen_map({**p.options, key: value}))
+                break
+        else:
+            providers.append(ProviderSpec(provider, frozen_map({key: value})))
+        self._providers = providers
+
+
+def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    from .config.loader import deep_merge
+
+    return deep_merge(base, layer)
+
+
+class Model:
+    """Sessions for every stage of a pipeline, their I/O and the execution plan, built once."""
+
+    def __init__(
+        self,
+        config: Config | PathLike,
+        *,
+        trust_remote_code: bool = False,
+        root: PathLike | None = None,
+    ):
+        if not isinstance(config, Config):
+            config = Config(config, root=root)
+        self.config = config
+        spec = config.spec
+        self.spec: PipelineSpec = spec
+        self.route: Route = classify(spec)
+        self.model_dir: Path = spec.model_dir or config.path
+        if spec.plugin is not None and not trust_remote_code:
+            where = spec.plugin.library or spec.plugin.module
+            raise TrustError(
+                f"pipeline.plugin asks to load code ({where!r}); pass trust_remote_code=True "
+                "to allow it"
+            )
+        if spec.plugin is not None:
+            raise UnsupportedError("pipeline.plugin is not supported yet")
+        self.sessions: dict[str, ort.InferenceSession] = {}
+        self.ios: dict[str, SessionIO] = {}
+        for name in dict.fromkeys(step.run for step in spec.flow):
+            session_spec = spec.sessions[name]
+            path = self.model_dir / session_spec.file
+            session = create_session(session_spec, path, self.model_dir, trust=trust_remote_code)
+            self.sessions[name] = session
+            self.ios[name] = SessionIO.of(session, session_spec.file)
+        self.plan: Plan = build_plan(spec, self.ios)
+
+    @property
+    def type(self) -> str:
+        """The config's model type string (informational; never used for routing)."""
+        return self.spec.model.type or self.route.kind
+
+    @property
+    def device_type(self) -> str:
+        return "cpu"
+
+    @property
+    def tokens(self):
+        return self.spec.tokens
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.plan.vocab_size
+
+    def generate(self, prompt: str | list | dict, **search_options: Any) -> Iterator[str]:
+        """Stream the text generated for a prompt string or chat messages."""
+        from .generator import Generator, GeneratorParams
+        from .tokenizer import Tokenizer
+
+        tokenizer = Tokenizer(self)
+        if isinstance(prompt, str):
+            text = prompt
+        else:
+            messages = [prompt] if isinstance(prompt, dict) else list(prompt)
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = tokenizer.encode(text)
+        params = GeneratorParams(self)
+        if search_options:
+            params.set_search_options(**search_options)
+        generator = Generator(self, params)
+        generator.append_tokens(ids)
+        stream = tokenizer.create_stream()
+        for token in generator:
+            yield stream.decode(int(token))

@@ -1,0 +1,61 @@
+"""A session's declared inputs and outputs, read once from onnxruntime without running it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+_ORT_TYPES: dict[str, type] = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    type: str  # onnxruntime's spelling, e.g. "tensor(float)"
+    shape: tuple[Dim, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self.type not in _ORT_TYPES:
+            raise TypeError(f"tensor {self.name!r} has unsupported type {self.type}")
+        return np.dtype(_ORT_TYPES[self.type])
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def static_dim(self, axis: int) -> int | None:
+        dim = self.shape[axis]
+        return dim if isinstance(dim, int) and dim >= 0 else None
+
+    def __str__(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.type}[{dims}]"
+
+
+@dataclass(frozen=True)
+class SessionIO:
+    file: str
+    inputs: Mapping[str, TensorInfo]
+    outputs: Mapping[str, TensorInfo]
+
+    @classmethod
+    def of(cls, session, file: str) -> SessionIO:
+        def infos(args) -> dict[str, TensorInfo]:
+            return {a.name: TensorInfo(a.name, a.type, tuple(a.shape)) for a in args}
+
+        return cls(file, infos(session.get_inputs()), infos(session.get_outputs()))

@@ -1,0 +1,215 @@
+"""The execution plan: for every stage, where each graph input comes from and where each output
+goes, resolved once against the real graph I/O. Mismatches name the file and the tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..config.spec import FlowStep, PipelineSpec, SessionSpec, Wire
+from ..errors import ModelError
+from ..kv import KVLayout, configured_kv_pattern, detect_layout
+from .graph_io import SessionIO, TensorInfo
+
+# Roles the runtime fills itself, with onnxruntime-genai's default tensor names.
+INPUT_ROLES = {
+    "input_ids": "input_ids",
+    "inputs_embeds": "inputs_embeds",
+    "attention_mask": "attention_mask",
+    "position_ids": "position_ids",
+    "past_sequence_length": "past_sequence_length",
+    "current_sequence_length": "current_sequence_length",
+    "total_sequence_length": "total_sequence_length",
+    "past_key_values_length": "past_key_values_length",
+}
+SCALAR_ROLES = (
+    "past_sequence_length",
+    "current_sequence_length",
+    "total_sequence_length",
+    "past_key_values_length",
+)
+OUTPUT_ROLES = {"logits": "logits"}
+# Role-map keys that name KV patterns or other state, not single tensors checked here.
+_PATTERN_ROLES = {
+    "past_key_names",
+    "past_value_names",
+    "past_names",
+    "present_key_names",
+    "present_value_names",
+    "present_names",
+    "cross_past_key_names",
+    "cross_past_value_names",
+    "output_cross_qk_names",
+}
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One graph input and its source: a role the runtime computes, a wire, the KV cache, or a
+    tensor the user must supply with ``set_model_input``."""
+
+    name: str
+    source: str  # "role" | "wire" | "kv" | "user"
+    info: TensorInfo
+    role: str | None = None
+    wire: Wire | None = None
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    step: FlowStep
+    session: SessionSpec
+    io: SessionIO
+    feeds: tuple[Feed, ...]
+    layout: KVLayout | None
+    logits: TensorInfo | None  # set on the stage whose output is the model's logits
+    wire_outputs: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.session.name
+
+    def feeds_from(self, source: str) -> tuple[Feed, ...]:
+        return tuple(f for f in self.feeds if f.source == source)
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: tuple[StagePlan, ...]
+    layout: KVLayout | None
+    vocab_size: int | None
+
+    def phase(self, when: str) -> tuple[StagePlan, ...]:
+        return tuple(s for s in self.stages if s.step.when == when)
+
+
+def role_name(session: SessionSpec, role: str) -> str:
+    table = INPUT_ROLES if role in INPUT_ROLES else OUTPUT_ROLES
+    return session.inputs.get(role) or session.outputs.get(role) or table[role]
+
+
+def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
+    """Resolve every stage's inputs and outputs against the graphs; raise ModelError on a
+    mismatch (wire endpoint, renamed role tensor or configured KV name the graph lacks)."""
+    check_wires(spec, ios)
+    check_role_names(spec, ios)
+    stages = []
+    layout = None
+    logits_stage = _logits_stage(spec, ios)
+    for step in spec.flow:
+        session = spec.sessions[step.run]
+        io = ios[step.run]
+        stage_layout = detect_layout(io, spec.state.kv_cache, session)
+        if stage_layout is not None and step.when == "step":
+            if layout is not None and layout.past != stage_layout.past:
+                raise ModelError(
+                    f"{io.file}: its KV cache ({stage_layout.pattern}) differs from "
+                    f"{layout.file}'s ({layout.pattern}); step stages must share one cache"
+                )
+            layout = stage_layout
+        kv_names = {n for layer in stage_layout.past for n in layer} if stage_layout else set()
+        feeds = []
+        wired = {w.dst_tensor: w for w in spec.dataflow if w.dst == step.run}
+        roles = {role_name(session, r): r for r in INPUT_ROLES}
+        for name, info in io.inputs.items():
+            if name in wired:
+                feeds.append(Feed(name, "wire", info, wire=wired[name]))
+            elif name in kv_names:
+                feeds.append(Feed(name, "kv", info))
+            elif name in roles:
+                feeds.append(Feed(name, "role", info, role=roles[name]))
+            else:
+                feeds.append(Feed(name, "user", info))
+        logits = None
+        if step.run == logits_stage:
+            logits = io.outputs[role_name(session, "logits")]
+        outs = tuple(dict.fromkeys(w.src_tensor for w in spec.dataflow if w.src == step.run))
+        stages.append(StagePlan(step, session, io, tuple(feeds), stage_layout, logits, outs))
+    _check_kv_configured(spec, ios, layout)
+    vocab = None
+    for stage in stages:
+        if stage.logits is not None:
+            vocab = stage.logits.static_dim(stage.logits.rank - 1)
+    return Plan(tuple(stages), layout, vocab or spec.model.vocab_size)
+
+
+def _logits_stage(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> str:
+    """The last step stage that outputs the logits tensor."""
+    found = None
+    for step in spec.steps("step"):
+        session = spec.sessions[step.run]
+        if role_name(session, "logits") in ios[step.run].outputs:
+            found = step.run
+    if found is None:
+        files = ", ".join(ios[s.run].file for s in spec.steps("step"))
+        raise ModelError(f"no step stage outputs the logits tensor (checked: {files})")
+    return found
+
+
+def check_wires(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> None:
+    for i, wire in enumerate(spec.dataflow):
+        src, dst = ios.get(wire.src), ios.get(wire.dst)
+        if src is None or dst is None:
+            continue  # session not loaded (e.g. used only by a strategy)
+        where = f"pipeline.dataflow[{i}] ({wire})"
+        if wire.src_tensor not in src.outputs:
+            raise ModelError(
+                f"{where}: {src.file} has no output {wire.src_tensor!r}; "
+                f"outputs: {', '.join(src.outputs)}"
+            )
+        if wire.dst_tensor not in dst.inputs:
+            raise ModelError(
+                f"{where}: {dst.file} has no input {wire.dst_tensor!r}; "
+                f"inputs: {', '.join(dst.inputs)}"
+            )
+        a, b = src.outputs[wire.src_tensor], dst.inputs[wire.dst_tensor]
+        if a.type != b.type:
+            raise ModelError(f"{where}: {src.file} gives {a.type}, {dst.file} expects {b.type}")
+
+
+def check_role_names(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> None:
+    """A tensor the config renames from its default must exist in the graph.
+
+    Builder configs list default names whether or not the graph uses them (the reference feeds
+    only inputs the graph declares), so only a changed name is a claim about the graph.
+    """
+    for name, session in spec.sessions.items():
+        io = ios.get(name)
+        if io is None:
+            continue
+        for side, roles, names in (
+            ("inputs", session.inputs, io.inputs),
+            ("outputs", session.outputs, io.outputs),
+        ):
+            for role, tensor in roles.items():
+                if role in _PATTERN_ROLES or "%d" in tensor:
+                    continue
+                default = INPUT_ROLES.get(role) or OUTPUT_ROLES.get(role) or role
+                if tensor != default and tensor not in names:
+                    raise ModelError(
+                        f"{io.file}: the config maps {side[:-1]} {role!r} to {tensor!r} "
+                        f"(pipeline.sessions.{name}.{side}.{role}) but the graph has no such "
+                        f"{side[:-1]}; graph {side}: {', '.join(names)}"
+                    )
+
+
+def _check_kv_configured(spec: PipelineSpec, ios, layout: KVLayout | None) -> None:
+    if layout is not None:
+        return
+    for step in spec.steps("step"):
+        pattern = configured_kv_pattern(spec.state.kv_cache, spec.sessions[step.run])
+        io = ios[step.run]
+        if (
+            pattern
+            and "%d" in pattern
+            and pattern
+            not in (
+                "past_key_values.%d.key",
+                "past_%d",
+            )
+        ):
+            first = pattern.replace("%d", "0")
+            raise ModelError(
+                f"{io.file}: the config names KV input {first!r} (pattern {pattern!r}) but the "
+                f"graph has no such input; graph inputs: {', '.join(io.inputs)}"
+            )

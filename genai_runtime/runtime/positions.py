@@ -1,0 +1,100 @@
+"""attention_mask, position_ids and sequence-length scalars, following onnxruntime-genai's rules.
+
+Batches are right-padded: on the prompt pass a row's trailing pad tokens get mask 0 and position
+0, every other column mask 1 and its column index as position; each later token gets mask 1 and
+the row's next position. Batch 1 has no padding: all ones, positions 0..n-1, and continues from
+the total length on every later pass (multi-turn appends included).
+
+Histories live in ``[B, max_length]`` buffers so rewinding is an index change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class PositionState:
+    def __init__(
+        self,
+        batch_size: int,
+        max_length: int,
+        pad_token_id: int | None,
+        mask_dtype: np.dtype | type = np.int64,
+        pos_dtype: np.dtype | type = np.int64,
+    ):
+        self.batch_size = batch_size
+        self.length = 0
+        self._pad = pad_token_id
+        self._mask = np.zeros((batch_size, max_length), mask_dtype)
+        self._pos = np.zeros((batch_size, max_length), pos_dtype)
+        self._next = np.zeros(batch_size, np.int64)  # next position per row
+        self._prompt_next = np.zeros(batch_size, np.int64)
+        self._prompt_length = 0
+        self.last_index = np.zeros(batch_size, np.int64)  # logits row per batch entry, this pass
+        if batch_size > 1:  # contiguous [B, T] copies for the graph
+            self._mask_out = np.zeros(batch_size * max_length, mask_dtype)
+            self._pos_out = np.zeros(batch_size * max_length, pos_dtype)
+
+    def update(self, tokens: np.ndarray) -> None:
+        """Record a pass over ``tokens`` [B, n] appended at column ``length``."""
+        n = tokens.shape[1]
+        start, end = self.length, self.length + n
+        if start == 0 and self.batch_size > 1:
+            self._prompt(tokens)
+        elif self.batch_size == 1:
+            self._mask[0, start:end] = 1
+            self._pos[0, start:end] = np.arange(start, end)
+            self.last_index[0] = n - 1
+        else:
+            # Continuing a padded batch: one token per row, at each row's next position.
+            self._mask[:, start:end] = 1
+            self._pos[:, start:end] = self._next[:, None] + np.arange(n)
+            self._next += n
+            self.last_index[:] = n - 1
+        self.length = end
+
+    def _prompt(self, tokens: np.ndarray) -> None:
+        n = tokens.shape[1]
+        real = tokens != self._pad if self._pad is not None else np.ones_like(tokens, bool)
+        # Index of the last non-pad token per row (-1 if the row is all padding).
+        last = np.where(real.any(axis=1), n - 1 - np.argmax(real[:, ::-1], axis=1), -1)
+        cols = np.arange(n)
+        keep = cols[None, :] <= last[:, None]
+        self._mask[:, :n] = keep
+        self._pos[:, :n] = np.where(keep, cols[None, :], 0)
+        self._next[:] = last + 1
+        self._prompt_next[:] = self._next
+        self._prompt_length = n
+        self.last_index[:] = np.maximum(last, 0)
+
+    @property
+    def prompt_length(self) -> int:
+        return self._prompt_length
+
+    def rewind_to(self, length: int) -> None:
+        self.length = min(self.length, length)
+        if self.batch_size > 1 and self.length:
+            if self.length <= self._prompt_length:
+                self._next[:] = self._prompt_next
+            else:
+                self._next[:] = self._pos[:, self.length - 1] + 1
+
+    def mask(self) -> np.ndarray:
+        """The ``[B, total]`` attention mask for the pass just recorded (contiguous)."""
+        if self.batch_size == 1:
+            return self._mask[:, : self.length]
+        out = self._mask_out[: self.batch_size * self.length].reshape(self.batch_size, -1)
+        out[...] = self._mask[:, : self.length]
+        return out
+
+    def positions(self, n: int) -> np.ndarray:
+        """The ``[B, n]`` position ids of the pass just recorded (contiguous)."""
+        start = self.length - n
+        if self.batch_size == 1:
+            return self._pos[:, start : self.length]
+        out = self._pos_out[: self.batch_size * n].reshape(self.batch_size, n)
+        out[...] = self._pos[:, start : self.length]
+        return out
+
+    def mask_history(self) -> np.ndarray:
+        return self._mask[:, : self.length]

@@ -1,0 +1,168 @@
+"""onnxruntime sessions built from a SessionSpec: options, providers, requirements, clear errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import onnxruntime as ort
+
+from ..config.spec import SessionOptionsSpec, SessionSpec
+from ..errors import ModelError, TrustError, UnsupportedError
+
+# genai_config provider names -> onnxruntime execution providers.
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "webgpu": "WebGpuExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "nvtensorrtrtx": "NvTensorRTRTXExecutionProvider",
+    "vitisai": "VitisAIExecutionProvider",
+}
+_OPT_LEVELS = {
+    "ORT_DISABLE_ALL": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "ORT_ENABLE_BASIC": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "ORT_ENABLE_EXTENDED": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "ORT_ENABLE_ALL": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+_EXEC_MODES = {
+    "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
+    "parallel": ort.ExecutionMode.ORT_PARALLEL,
+}
+
+
+def ort_provider(name: str) -> str:
+    if name.endswith("ExecutionProvider"):
+        return name
+    key = name.lower().replace("_", "").replace("-", "")
+    if key not in PROVIDERS:
+        raise UnsupportedError(
+            f"unknown execution provider {name!r} (expected one of: {', '.join(PROVIDERS)})"
+        )
+    return PROVIDERS[key]
+
+
+def session_options(spec: SessionOptionsSpec, model_dir: Path, trust: bool) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    if spec.intra_op_num_threads is not None:
+        so.intra_op_num_threads = spec.intra_op_num_threads
+    if spec.inter_op_num_threads is not None:
+        so.inter_op_num_threads = spec.inter_op_num_threads
+    if spec.graph_optimization_level is not None:
+        so.graph_optimization_level = _OPT_LEVELS[spec.graph_optimization_level]
+    if spec.execution_mode is not None:
+        so.execution_mode = _EXEC_MODES[spec.execution_mode]
+    if spec.enable_cpu_mem_arena is not None:
+        so.enable_cpu_mem_arena = spec.enable_cpu_mem_arena
+    if spec.enable_mem_pattern is not None:
+        so.enable_mem_pattern = spec.enable_mem_pattern
+    if spec.enable_profiling:
+        so.enable_profiling = True
+        so.profile_file_prefix = spec.enable_profiling
+    if spec.log_id:
+        so.logid = spec.log_id
+    so.log_severity_level = 3 if spec.log_severity_level is None else spec.log_severity_level
+    if spec.log_verbosity_level is not None:
+        so.log_verbosity_level = spec.log_verbosity_level
+    for key, value in spec.config_entries.items():
+        so.add_session_config_entry(key, value)
+    if spec.custom_ops_library:
+        if not trust:
+            raise TrustError(
+                f"session_options.custom_ops_library asks to load native code "
+                f"({spec.custom_ops_library!r}); pass trust_remote_code=True to allow it"
+            )
+        so.register_custom_ops_library(str(model_dir / spec.custom_ops_library))
+    return so
+
+
+def providers_for(spec: SessionOptionsSpec) -> list[tuple[str, dict[str, str]]]:
+    """Providers in the config's order, CPU last; each must exist in this onnxruntime build."""
+    available = ort.get_available_providers()
+    chosen: list[tuple[str, dict[str, str]]] = []
+    for provider in spec.providers:
+        if not provider.name:
+            continue
+        name = ort_provider(provider.name)
+        if name not in available:
+            raise UnsupportedError(
+                f"execution provider {provider.name!r} ({name}) is not available in this "
+                f"onnxruntime build (available: {', '.join(available)})"
+            )
+        chosen.append((name, dict(provider.options)))
+    if all(name != "CPUExecutionProvider" for name, _ in chosen):
+        chosen.append(("CPUExecutionProvider", {}))
+    return chosen
+
+
+def check_build_requires(spec: SessionOptionsSpec, where: str) -> None:
+    req = spec.build_requires
+    if req.onnxruntime and not version_satisfies(ort.__version__, req.onnxruntime):
+        raise UnsupportedError(
+            f"{where}: needs onnxruntime {req.onnxruntime}, this is onnxruntime {ort.__version__}"
+        )
+    available = ort.get_available_providers()
+    for provider in req.providers:
+        if ort_provider(provider) not in available:
+            raise UnsupportedError(
+                f"{where}: needs execution provider {provider!r}, not in this onnxruntime build "
+                f"(available: {', '.join(available)})"
+            )
+
+
+def create_session(
+    spec: SessionSpec, path: Path, model_dir: Path, *, trust: bool = False
+) -> ort.InferenceSession:
+    """Build one session; a missing or unreadable file raises ModelError naming the file."""
+    where = f"pipeline.sessions.{spec.name}"
+    check_build_requires(spec.options, where)
+    if not path.is_file():
+        raise ModelError(f"{where}.file: model file not found: {path}")
+    options = session_options(spec.options, model_dir, trust)
+    providers = providers_for(spec.options)
+    try:
+        return ort.InferenceSession(
+            str(path),
+            sess_options=options,
+            providers=[name for name, _ in providers],
+            provider_options=[opts for _, opts in providers],
+        )
+    except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"{where}.file: cannot load {path}: {reason}") from exc
+
+
+def run_options(entries: dict[str, str] | None) -> ort.RunOptions:
+    ro = ort.RunOptions()
+    for key, value in (entries or {}).items():
+        ro.add_run_config_entry(key, value)
+    return ro
+
+
+def version_satisfies(version: str, specifier: str) -> bool:
+    """A small PEP 440 subset: comma-separated clauses of ``>=, >, <=, <, ==, !=`` on x.y.z."""
+    ops = {
+        ">=": lambda a, b: a >= b,
+        ">": lambda a, b: a > b,
+        "<=": lambda a, b: a <= b,
+        "<": lambda a, b: a < b,
+        "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b,
+    }
+    have = _version_tuple(version)
+    for clause in specifier.split(","):
+        m = re.fullmatch(r"\s*(>=|<=|==|!=|>|<)\s*([0-9][0-9.]*)\s*", clause)
+        if not m:
+            raise UnsupportedError(f"cannot read version requirement {specifier!r}")
+        if not ops[m.group(1)](have, _version_tuple(m.group(2))):
+            return False
+    return True
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = [int(p) for p in re.findall(r"\d+", text)[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))

@@ -1,0 +1,60 @@
+"""Shared test fixtures: where ../shared lives, and the real model folders in it.
+
+Tests that need ../shared fail loudly when CI=true and it is missing (CI always has it beside the
+checkout); on a developer machine without it they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _shared_root() -> Path:
+    env = os.environ.get("GENAI_RUNTIME_SHARED")
+    return Path(env) if env else REPO.parent / "shared"
+
+
+def require_shared(*parts: str) -> Path:
+    """Path under ../shared; fails (CI) or skips (elsewhere) when it is missing."""
+    path = _shared_root().joinpath(*parts)
+    if not path.exists():
+        message = f"missing shared test material: {path}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message + " (CI=true: ../shared must sit beside the checkout)")
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    return require_shared()
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return require_shared("fixtures", "onnxruntime-genai")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    return require_shared("models", "smollm2-135m-instruct-int4")
+
+
+@pytest.fixture(scope="session")
+def smollm2_2layers_dir() -> Path:
+    return require_shared("models", "smollm2-135m-instruct-int4-2layers")
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir() -> Path:
+    return require_shared("fixtures", "onnxruntime-genai", "tiny-random-gpt2-fp32")
+
+
+def load_golden(name: str) -> dict:
+    return json.loads(require_shared("fixtures", "goldens", f"{name}.json").read_text())
