@@ -91,8 +91,13 @@ def role_name(session: SessionSpec, role: str) -> str:
 def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
     """Resolve every stage's inputs and outputs against the graphs; raise ModelError on a
     mismatch (wire endpoint, renamed role tensor or configured KV name the graph lacks)."""
-    check_wires(spec, ios)
-    check_role_names(spec, ios)
+    problems = graph_problems(spec, ios)
+    if problems:
+        raise ModelError(
+            "\n".join(problems)
+            if len(problems) == 1
+            else f"{len(problems)} config/graph mismatches:\n  - " + "\n  - ".join(problems)
+        )
     stages = []
     layout = None
     logits_stage = _logits_stage(spec, ios)
@@ -146,33 +151,41 @@ def _logits_stage(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> str:
     return found
 
 
-def check_wires(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> None:
+def graph_problems(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> list[str]:
+    """Every mismatch between the config and the loaded graphs (empty when they agree)."""
+    return _wire_problems(spec, ios) + _role_problems(spec, ios)
+
+
+def _wire_problems(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> list[str]:
+    problems = []
     for i, wire in enumerate(spec.dataflow):
         src, dst = ios.get(wire.src), ios.get(wire.dst)
         if src is None or dst is None:
             continue  # session not loaded (e.g. used only by a strategy)
         where = f"pipeline.dataflow[{i}] ({wire})"
         if wire.src_tensor not in src.outputs:
-            raise ModelError(
+            problems.append(
                 f"{where}: {src.file} has no output {wire.src_tensor!r}; "
                 f"outputs: {', '.join(src.outputs)}"
             )
-        if wire.dst_tensor not in dst.inputs:
-            raise ModelError(
+        elif wire.dst_tensor not in dst.inputs:
+            problems.append(
                 f"{where}: {dst.file} has no input {wire.dst_tensor!r}; "
                 f"inputs: {', '.join(dst.inputs)}"
             )
-        a, b = src.outputs[wire.src_tensor], dst.inputs[wire.dst_tensor]
-        if a.type != b.type:
-            raise ModelError(f"{where}: {src.file} gives {a.type}, {dst.file} expects {b.type}")
+        elif src.outputs[wire.src_tensor].type != dst.inputs[wire.dst_tensor].type:
+            a, b = src.outputs[wire.src_tensor], dst.inputs[wire.dst_tensor]
+            problems.append(f"{where}: {src.file} gives {a.type}, {dst.file} expects {b.type}")
+    return problems
 
 
-def check_role_names(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> None:
+def _role_problems(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> list[str]:
     """A tensor the config renames from its default must exist in the graph.
 
     Builder configs list default names whether or not the graph uses them (the reference feeds
     only inputs the graph declares), so only a changed name is a claim about the graph.
     """
+    problems = []
     for name, session in spec.sessions.items():
         io = ios.get(name)
         if io is None:
@@ -186,11 +199,12 @@ def check_role_names(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> None:
                     continue
                 default = INPUT_ROLES.get(role) or OUTPUT_ROLES.get(role) or role
                 if tensor != default and tensor not in names:
-                    raise ModelError(
+                    problems.append(
                         f"{io.file}: the config maps {side[:-1]} {role!r} to {tensor!r} "
                         f"(pipeline.sessions.{name}.{side}.{role}) but the graph has no such "
                         f"{side[:-1]}; graph {side}: {', '.join(names)}"
                     )
+    return problems
 
 
 def _check_kv_configured(spec: PipelineSpec, ios, layout: KVLayout | None) -> None:

@@ -1,0 +1,704 @@
+"""Tokenizer and TokenizerStream: text <-> token ids, call-compatible with onnxruntime-genai.
+
+Encoding runs the `tokenizers` library on the model folder's ``tokenizer.json``. Decoding is
+done here, token by token, because onnxruntime-genai (through onnxruntime-extensions) does not
+use the Hugging Face decoder pipeline: it concatenates per-token byte strings and then applies
+its own UTF-8 policy. Reproducing that keeps ``decode`` and the stream identical to the
+reference, quirks included (see ``_finish_text`` and ``TokenizerStream.decode``).
+
+Chat templates are rendered with jinja2 in a sandbox, configured like Hugging Face transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+import numpy as np
+from tokenizers import Tokenizer as _HfTokenizer
+
+from .errors import TokenizerError
+
+__all__ = ["Tokenizer", "TokenizerStream"]
+
+_SPM_SPACE = "\u2581"  # sentencepiece's "▁", stands for a space in pieces
+_REPLACEMENT = "\ufffd"
+_OPTION_KEYS = frozenset({"add_special_tokens", "skip_special_tokens"})
+# Tokenizer families that get a BOS by convention when nothing else says so (as the reference).
+_BOS_BY_CLASS = frozenset({"Llama", "Phi3", "InternLM2", "Gemma", "CodeLlama", "Mistral"})
+# Length of a UTF-8 sequence from the high nibble of its first byte (lenient, as the reference).
+_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)
+
+
+def _byte_level_table() -> dict[int, int]:
+    """GPT-2 byte-level alphabet, inverted: code point -> byte, for the remapped bytes only.
+
+    Code points <= 0xFF map to themselves, so only the 68 remapped ones (256..323) need a table.
+    """
+    table: dict[int, int] = {}
+    nxt = 256
+    for b in range(256):
+        if b < 33 or 127 <= b < 161 or b == 173:
+            table[nxt] = b
+            nxt += 1
+    return table
+
+
+_BYTE_LEVEL = _byte_level_table()
+
+
+def _byte_level_bytes(piece: str) -> bytes:
+    """Bytes of a byte-level BPE vocabulary piece (chars outside the alphabet pass as UTF-8)."""
+    mapped = piece.translate(_BYTE_LEVEL)
+    try:
+        return mapped.encode("latin-1")
+    except UnicodeEncodeError:
+        out = bytearray()
+        for ch in mapped:
+            cp = ord(ch)
+            out += bytes((cp,)) if cp <= 0xFF else ch.encode("utf-8")
+        return bytes(out)
+
+
+def _valid_prefix(data: bytes) -> tuple[int, bool]:
+    """Length of the leading run that the reference's UTF-8 validator accepts, and whether it
+    stopped early on bad UTF-8. Like the reference, the scan ends at the first NUL byte and
+    treats U+FFFE / U+FFFF as invalid (Python's codec accepts those two)."""
+    nul = data.find(0)
+    scan = data if nul < 0 else data[:nul]
+    try:
+        text = scan.decode("utf-8")
+        end, bad = len(scan), False
+    except UnicodeDecodeError as exc:
+        end, bad = exc.start, True
+        text = scan[:end].decode("utf-8")
+    if "\ufffe" in text or "\uffff" in text:
+        cut = min(i for i in (text.find("\ufffe"), text.find("\uffff")) if i >= 0)
+        return len(text[:cut].encode("utf-8")), True
+    return end, bad
+
+
+def _finish_text(data: bytes) -> str:
+    """Turn a decoded byte string into text the way the reference does.
+
+    The reference truncates at the first invalid UTF-8 position and appends one U+FFFD (so a
+    sequence cut inside a character decodes to "...\ufffd" and everything after is lost), and
+    its C-string return value ends at the first NUL. One deliberate difference: an empty result
+    stays "" (the reference returns "\ufffd" when every token was skipped, e.g. ``decode([eos])``).
+    """
+    if not data:
+        return ""
+    end, bad = _valid_prefix(data)
+    if bad or end == 0:
+        return data[:end].decode("utf-8") + _REPLACEMENT
+    return data[:end].decode("utf-8")
+
+
+def _is_one_valid_char(chunk: bytes) -> bool:
+    """True when ``chunk`` is exactly one well-formed character the reference would emit."""
+    if chunk[0] == 0:
+        return False
+    try:
+        text = chunk.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return text not in ("\ufffe", "\uffff")
+
+
+def _token_text(value: Any) -> str | None:
+    """A special-token entry of tokenizer_config.json: a string or an AddedToken dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _added_tokens(spec: dict[str, Any], cfg: dict[str, Any]) -> tuple[dict[int, str], set[int]]:
+    """Added tokens (id -> text) and the special ones: tokenizer.json first, then any extra
+    ones tokenizer_config.json's added_tokens_decoder declares (as the reference merges them)."""
+    entries = [
+        (a.get("id"), a.get("content"), a.get("special")) for a in spec.get("added_tokens") or []
+    ]
+    for key, val in (cfg.get("added_tokens_decoder") or {}).items():
+        if isinstance(val, Mapping) and str(key).isdigit():
+            entries.append((int(key), val.get("content"), val.get("special")))
+    added: dict[int, str] = {}
+    special: set[int] = set()
+    for idx, content, is_special in entries:
+        if isinstance(idx, int) and isinstance(content, str) and idx not in added:
+            added[idx] = content
+            if is_special:
+                special.add(idx)
+    return added, special
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"cannot read {what} {path}: {exc}") from exc
+
+
+def _parse_bool_option(value: Any) -> bool:
+    # The reference stringifies option values and treats only "false" / "0" as false.
+    return str(value).lower() not in ("false", "0")
+
+
+# ---------------------------------------------------------------------------------------------
+# chat templates
+
+
+class _TemplateRaised(Exception):
+    """Raised by a template's ``raise_exception(...)`` call."""
+
+
+def _raise_exception(message: str) -> None:
+    raise _TemplateRaised(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Hugging Face's tojson: no HTML escaping, non-ASCII kept (jinja2's built-in escapes both).
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=1)
+def _template_env() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols],
+        # None prints as "" (the reference does this; plain jinja2 would print "None").
+        finalize=lambda value: "" if value is None else value,
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+@lru_cache(maxsize=32)
+def _compile_template(source: str) -> jinja2.Template:
+    try:
+        return _template_env().from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TokenizerError(f"chat template does not compile: {exc} (line {exc.lineno})") from exc
+
+
+def _json_arg(value: Any, what: str) -> Any:
+    """A JSON string (the reference's form) or an already-parsed Python value."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise TokenizerError(f"{what} is not valid JSON: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Tokenizer:
+    """Text <-> token ids for one model folder (``tokenizer.json`` + ``tokenizer_config.json``).
+
+    ``Tokenizer(model)`` takes any object with ``model_dir`` and ``tokens`` (``bos``, ``eos``,
+    ``pad``) attributes, or a folder path; ``Tokenizer.from_dir`` is the explicit form. Token
+    ids from the model config win over the tokenizer_config.json special tokens.
+    """
+
+    def __init__(self, model: Any) -> None:
+        if isinstance(model, (str, Path)):
+            self._setup(Path(model), None, (), None, {})
+            return
+        try:
+            model_dir = Path(model.model_dir)
+        except (AttributeError, TypeError) as exc:
+            raise TokenizerError(
+                f"Tokenizer() needs a model (with model_dir and tokens) or a folder path, "
+                f"got {type(model).__name__}"
+            ) from exc
+        tokens = getattr(model, "tokens", None)
+        bos = getattr(tokens, "bos", None)
+        eos = tuple(getattr(tokens, "eos", ()) or ())
+        pad = getattr(tokens, "pad", None)
+        extra = dict(getattr(tokens, "extra", None) or {})
+        self._setup(model_dir, bos, eos, pad, extra)
+
+    @classmethod
+    def from_dir(
+        cls,
+        model_dir: str | Path,
+        *,
+        bos_token_id: int | None = None,
+        eos_token_ids: Iterable[int] = (),
+        pad_token_id: int | None = None,
+    ) -> Tokenizer:
+        """Load the tokenizer of ``model_dir``; explicit ids override tokenizer_config.json."""
+        tok = cls.__new__(cls)
+        tok._setup(Path(model_dir), bos_token_id, tuple(eos_token_ids), pad_token_id, {})
+        return tok
+
+    # -- loading ------------------------------------------------------------------------------
+
+    def _setup(
+        self,
+        model_dir: Path,
+        bos: int | None,
+        eos: tuple[int, ...],
+        pad: int | None,
+        extra: dict[str, int],
+    ) -> None:
+        self.model_dir = model_dir
+        tok_path = model_dir / "tokenizer.json"
+        if not tok_path.is_file():
+            raise TokenizerError(f"no tokenizer.json in {model_dir}")
+        try:
+            raw = tok_path.read_text(encoding="utf-8")
+            self._hf = _HfTokenizer.from_str(raw)
+            spec = json.loads(raw)
+        except Exception as exc:  # tokenizers raises plain Exception on bad files
+            raise TokenizerError(f"cannot load {tok_path}: {exc}") from exc
+        cfg_path = model_dir / "tokenizer_config.json"
+        cfg = _read_json(cfg_path, "tokenizer config") if cfg_path.is_file() else {}
+        if not isinstance(cfg, dict):
+            raise TokenizerError(f"{cfg_path} must hold a JSON object")
+        self._clip = self._class_name(cfg) == "CLIP"
+        self._options = {"add_special_tokens": False, "skip_special_tokens": True}
+
+        model = spec.get("model") or {}
+        vocab = model.get("vocab") or {}
+        if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+            vocab = {entry[0]: i for i, entry in enumerate(vocab)}
+        self._vocab: dict[str, int] = vocab
+        size = max(vocab.values(), default=-1) + 1
+        self._pieces: list[str | None] = [None] * size
+        for piece, idx in vocab.items():
+            self._pieces[idx] = piece
+        self._piece_bytes: dict[int, bytes] = {}
+        self._eow_suffix = model.get("end_of_word_suffix") or ""
+
+        self._added, self._special_ids = _added_tokens(spec, cfg)
+        self._added_ids: dict[str, int] = {}
+        for idx, content in self._added.items():
+            self._added_ids.setdefault(content, idx)
+        # `tokenizers` renumbers added tokens that collide with vocabulary ids; map them back.
+        self._remap: dict[int, int] = {}
+        for content, idx in self._added_ids.items():
+            hf_id = self._hf.token_to_id(content)
+            if hf_id is not None and hf_id != idx:
+                self._remap[hf_id] = idx
+
+        self._spm, self._dummy_prefix = self._detect_spm(spec, model)
+        # gpt-oss style "channel" models keep special tokens in decoded text (as the reference).
+        self._never_skip = self._added.get(200005) == "<|channel|>"
+
+        names = ("bos_token", "eos_token", "pad_token", "unk_token")
+        self._special_text = {n: t for n in names if (t := _token_text(cfg.get(n))) is not None}
+        self._unk_text = self._special_text.get("unk_token", "")
+        self._cleanup_spaces = bool(cfg.get("clean_up_tokenization_spaces", False))
+        self._cfg_eos_id = self._lookup(self._special_text.get("eos_token"))
+        # The stream's "no trailing space after EOS" check uses the vocabulary id only.
+        self._stream_eos_id = self._vocab.get(self._special_text.get("eos_token", ""))
+        self._add_bos, self._add_eos = self._special_token_rule(spec, cfg)
+
+        cfg_bos = self._lookup(self._special_text.get("bos_token"))
+        cfg_pad = self._lookup(self._special_text.get("pad_token"))
+        self._bos = bos if bos is not None else cfg_bos
+        self._eos = tuple(int(e) for e in eos) or (
+            (self._cfg_eos_id,) if self._cfg_eos_id is not None else ()
+        )
+        if pad is None:
+            pad = cfg_pad if cfg_pad is not None else (self._eos[0] if self._eos else 0)
+        self._pad = int(pad)
+        self._extra = extra
+        self._templates = self._load_templates(model_dir, cfg)
+
+    @staticmethod
+    def _detect_spm(spec: dict[str, Any], model: dict[str, Any]) -> tuple[bool, bool]:
+        """Sentencepiece-style decoding (▁ for spaces, <0xNN> byte pieces)? And is a leading
+        space stripped after a special token (the decoder's Strip / add_prefix_space)?"""
+        decoder = spec.get("decoder") or {}
+        steps = decoder.get("decoders") if decoder.get("type") == "Sequence" else [decoder]
+        spm = model.get("type") == "Unigram"
+        dummy = False
+        for step in steps or []:
+            kind = step.get("type")
+            if kind == "Replace" and (step.get("pattern") or {}).get("String") == _SPM_SPACE:
+                spm = True
+            elif kind == "Metaspace" and step.get("replacement") == _SPM_SPACE:
+                spm = True
+                dummy = dummy or bool(step.get("add_prefix_space"))
+                dummy = dummy or step.get("prepend_scheme") in ("always", "first")
+            elif kind == "Strip" and step.get("content") == " ":
+                dummy = True
+        return spm, dummy
+
+    def _special_token_rule(self, spec: dict[str, Any], cfg: dict[str, Any]) -> tuple[bool, bool]:
+        """Whether encode adds BOS / EOS once ``add_special_tokens`` is switched on.
+
+        The reference's rule: an explicit ``add_bos_token`` / ``add_eos_token`` in
+        tokenizer_config.json, else whether the tokenizer.json post_processor mentions the token,
+        else BOS for Llama-like tokenizer classes. (By default encode adds neither.)
+        """
+        bos_text = self._special_text.get("bos_token", "")
+        eos_text = self._special_text.get("eos_token", "")
+        post = spec.get("post_processor")
+        post_text = json.dumps(post, ensure_ascii=False) if post is not None else ""
+        add_bos, add_eos = cfg.get("add_bos_token"), cfg.get("add_eos_token")
+        bos_explicit, eos_explicit = isinstance(add_bos, bool), isinstance(add_eos, bool)
+        add_bos, add_eos = add_bos is True, add_eos is True
+        if not bos_explicit and bos_text:
+            if post_text and bos_text in post_text:
+                add_bos = True
+            else:
+                add_bos = self._class_name(cfg) in _BOS_BY_CLASS
+            if not eos_explicit and post_text and eos_text and eos_text in post_text:
+                add_eos = True
+        elif not add_bos and bos_text and post_text:
+            add_bos = bos_text in post_text
+            add_eos = add_eos or bool(eos_text and eos_text in post_text)
+        return add_bos, add_eos
+
+    @staticmethod
+    def _class_name(cfg: dict[str, Any]) -> str:
+        # "LlamaTokenizerFast" -> "Llama", "TokenizersBackend" -> "", as the reference does
+        name = str(cfg.get("tokenizer_class") or "")
+        cut = name.find("Tokenizer")
+        if cut < 0:
+            cut = name.find("Backend")
+        return name[:cut] if cut >= 0 else name
+
+    @staticmethod
+    def _load_templates(model_dir: Path, cfg: dict[str, Any]) -> dict[str, str]:
+        """Named chat templates: chat_template.jinja, else tokenizer_config.json, else
+        chat_template.json. A single template is stored under "default"."""
+        jinja_file = model_dir / "chat_template.jinja"
+        if jinja_file.is_file():
+            return {"default": jinja_file.read_text(encoding="utf-8")}
+        source: Any = cfg.get("chat_template")
+        if not source and (model_dir / "chat_template.json").is_file():
+            extra = _read_json(model_dir / "chat_template.json", "chat template")
+            source = extra.get("chat_template") if isinstance(extra, dict) else None
+        if isinstance(source, str) and source:
+            return {"default": source}
+        if isinstance(source, list):
+            return {
+                str(t.get("name")): t["template"]
+                for t in source
+                if isinstance(t, Mapping) and isinstance(t.get("template"), str)
+            }
+        return {}
+
+    def _lookup(self, text: str | None) -> int | None:
+        if not text:
+            return None
+        idx = self._added_ids.get(text)
+        return idx if idx is not None else self._vocab.get(text)
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def bos_token_id(self) -> int:
+        """BOS id (config first, then tokenizer_config.json); -1 when neither defines one."""
+        return -1 if self._bos is None else int(self._bos)
+
+    @property
+    def eos_token_ids(self) -> np.ndarray:
+        """End-of-sequence ids as an int32 array (the reference's type)."""
+        return np.array(self._eos, dtype=np.int32)
+
+    @property
+    def pad_token_id(self) -> int:
+        return self._pad
+
+    def _extra_id(self, name: str) -> int:
+        for key in (name, f"{name}_token_id", f"{name}_token"):
+            if isinstance(self._extra.get(key), int):
+                return int(self._extra[key])
+        raise TokenizerError(f"{name}_token_id is not defined for this model")
+
+    @property
+    def bot_token_id(self) -> int:
+        """Begin-of-tool-call id, when the model config defines it."""
+        return self._extra_id("bot")
+
+    @property
+    def eot_token_id(self) -> int:
+        """End-of-tool-call id, when the model config defines it."""
+        return self._extra_id("eot")
+
+    @property
+    def bor_token_id(self) -> int:
+        """Begin-of-reasoning id, when the model config defines it."""
+        return self._extra_id("bor")
+
+    @property
+    def eor_token_id(self) -> int:
+        """End-of-reasoning id, when the model config defines it."""
+        return self._extra_id("eor")
+
+    def update_options(self, **options: Any) -> None:
+        """Set ``add_special_tokens`` (default false) / ``skip_special_tokens`` (default true)."""
+        if not options:
+            raise TokenizerError("No options provided.")
+        for key, value in options.items():
+            if key not in _OPTION_KEYS:
+                raise TokenizerError(f"Invalid tokenizer option key: {key}")
+            if str(value) == "":
+                raise TokenizerError(f"Option value cannot be empty for key: {key}")
+        for key, value in options.items():
+            self._options[key] = _parse_bool_option(value)
+
+    # -- encoding -----------------------------------------------------------------------------
+
+    def _encode_ids(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
+        text = text.split("\x00", 1)[0]  # the reference passes a C string
+        try:
+            ids = self._hf.encode(text, add_special_tokens=False).ids
+        except Exception as exc:  # e.g. an unknown character and no usable unk token
+            raise TokenizerError(f"cannot encode {text[:40]!r}: {exc}") from exc
+        if self._remap:
+            ids = [self._remap.get(i, i) for i in ids]
+        if self._options["add_special_tokens"]:
+            bos = self._lookup(self._special_text.get("bos_token"))
+            if self._add_bos and bos is not None:
+                ids.insert(0, bos)
+            if self._add_eos and self._cfg_eos_id is not None:
+                ids.append(self._cfg_eos_id)
+        return ids
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids of ``text`` (int32, 1-D). Special-token text such as "<|im_start|>" becomes
+        its id; no BOS/EOS is added unless ``update_options(add_special_tokens=True)``."""
+        return np.asarray(self._encode_ids(text), dtype=np.int32)
+
+    def encode_batch(self, texts: Sequence[str]) -> np.ndarray:
+        """[batch, max_len] int32 ids, right-padded with ``pad_token_id``."""
+        if isinstance(texts, str) or len(texts) == 0:
+            raise TokenizerError("EncodeBatch: input strings must not be empty")
+        rows = [self._encode_ids(t) for t in texts]
+        out = np.full((len(rows), max(len(r) for r in rows)), self._pad, dtype=np.int32)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = row
+        return out
+
+    def to_token_id(self, token: str) -> int:
+        """Id of one token string (an added token or a vocabulary piece); -1 if there is none,
+        as the reference returns."""
+        idx = self._added_ids.get(token)
+        if idx is None:
+            idx = self._vocab.get(token)
+        if idx is None and self._spm and len(token) == 1 and ord(token) < 0x80:
+            # sentencepiece byte fallback: " " -> <0x20>, "\n" -> <0x0A>
+            idx = self._vocab.get(f"<0x{ord(token):02X}>")
+        return -1 if idx is None else int(idx)
+
+    # -- decoding -----------------------------------------------------------------------------
+
+    def _vocab_bytes(self, idx: int) -> bytes | None:
+        """Bytes of vocabulary piece ``idx`` (cached), None when ``idx`` is not in the vocab."""
+        cached = self._piece_bytes.get(idx)
+        if cached is not None:
+            return cached
+        if not 0 <= idx < len(self._pieces):
+            return None
+        piece = self._pieces[idx] or ""
+        if not self._spm:
+            data = _byte_level_bytes(piece)
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                data = bytes((int(piece[3:5], 16),))
+            except ValueError:
+                data = b"\x00"
+        else:
+            data = piece.replace(_SPM_SPACE, " ").encode("utf-8")
+        self._piece_bytes[idx] = data
+        return data
+
+    def _token_bytes(self, idx: int, prev_special: bool, skip_special: bool) -> tuple[bytes, bool]:
+        """Bytes one token contributes and whether it is special (the reference's Id2Token)."""
+        special = idx in self._special_ids
+        if self._spm:
+            if idx in self._added:
+                data = b"" if special else self._added[idx].encode("utf-8")
+            else:
+                data = self._vocab_bytes(idx) if 0 <= idx < len(self._pieces) else None
+                if not data:  # out of range or a hole in the vocabulary
+                    data = self._unk_text.encode("utf-8")
+            if data[:1] == b" " and prev_special and self._dummy_prefix:
+                data = data[1:]
+            return data, special
+        if skip_special and special and not self._never_skip:
+            return b"", special
+        if idx in self._added:
+            data = self._added[idx].encode("utf-8")
+        else:
+            data = self._vocab_bytes(idx)
+            if data is None:
+                return (b"", special) if skip_special else (self._unk_text.encode(), special)
+        if self._eow_suffix and data.endswith(self._eow_suffix.encode()):
+            data = data[: -len(self._eow_suffix.encode())] + b" "
+        return data, special
+
+    def _decode_bytes(self, ids: Iterable[int]) -> bytes:
+        skip = self._options["skip_special_tokens"]
+        out = bytearray()
+        prev_special = False
+        for idx in ids:
+            data, prev_special = self._token_bytes(int(idx), prev_special, skip)
+            out += data
+        if self._clip and out.endswith(b" "):  # the reference trims CLIP's last space
+            del out[-1]
+        return bytes(out)
+
+    def decode(self, tokens: Any) -> str:
+        """Text of a token sequence; special tokens are skipped (the reference's default).
+
+        Like the reference, bad UTF-8 (e.g. a sequence ending inside a character) ends the text
+        with a single U+FFFD at the first bad position.
+        """
+        return _finish_text(self._decode_bytes(_as_ids(tokens).ravel().tolist()))
+
+    def decode_batch(self, tokens: Any) -> list[str]:
+        """Decode each row of a [batch, length] array (numpy, nested lists or an og.Tensor)."""
+        arr = _as_ids(tokens)
+        if arr.ndim != 2:
+            raise TokenizerError(
+                f"decode_batch expects a 2-D [batch, length] array, got {arr.ndim}-D"
+            )
+        return [_finish_text(self._decode_bytes(row)) for row in arr.tolist()]
+
+    def create_stream(self) -> TokenizerStream:
+        """A fresh incremental decoder."""
+        return TokenizerStream(self)
+
+    # -- chat templates -----------------------------------------------------------------------
+
+    def apply_chat_template(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        template_str: str | None = None,
+        tools: str | Sequence[Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """Render a conversation to the prompt text (not tokenized).
+
+        ``messages`` is a JSON string (the reference's form) or a list of dicts; ``tools`` the
+        same or None. ``template_str`` overrides the model's own template.
+        """
+        parsed = _json_arg(messages, "messages")
+        if not isinstance(parsed, list) or not all(isinstance(m, Mapping) for m in parsed):
+            raise TokenizerError(
+                'messages must be a JSON array of objects, e.g. [{"role": "user", "content": "Hi"}]'
+            )
+        tool_list = _json_arg(tools, "tools") if tools not in (None, "") else None
+        source = template_str or self._pick_template(tool_list is not None)
+        template = _compile_template(source)
+        context: dict[str, Any] = dict(self._special_text)
+        context.update(
+            messages=parsed, tools=tool_list, add_generation_prompt=bool(add_generation_prompt)
+        )
+        try:
+            return template.render(**context)
+        except _TemplateRaised as exc:
+            raise TokenizerError(f"chat template raised an error: {exc}") from exc
+        except Exception as exc:  # undefined names, type errors, sandbox violations...
+            raise TokenizerError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+    def _pick_template(self, with_tools: bool) -> str:
+        if with_tools and "tool_use" in self._templates:
+            return self._templates["tool_use"]
+        if "default" in self._templates:
+            return self._templates["default"]
+        if self._templates:
+            names = ", ".join(sorted(self._templates))
+            raise TokenizerError(
+                f"tokenizer_config.json in {self.model_dir} has chat templates ({names}) but none "
+                "named 'default'; pass one with apply_chat_template(..., template_str=...)"
+            )
+        raise TokenizerError(
+            f"no chat template in {self.model_dir} (no chat_template.jinja, no 'chat_template' in "
+            "tokenizer_config.json); pass one with apply_chat_template(..., template_str=...)"
+        )
+
+
+def _as_ids(tokens: Any) -> np.ndarray:
+    """Token ids from numpy, lists, ints or anything with ``as_numpy()`` (og.Tensor-like)."""
+    if hasattr(tokens, "as_numpy"):
+        tokens = tokens.as_numpy()
+    try:
+        arr = np.asarray(tokens)
+    except (TypeError, ValueError) as exc:
+        raise TokenizerError(f"token ids must be integers: {exc}") from exc
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TokenizerError(f"token ids must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+class TokenizerStream:
+    """Incremental decoder: ``decode(token)`` returns exactly the new text for that token.
+
+    Works like the reference: each token's bytes join a small pending buffer, and every complete
+    UTF-8 character in it is emitted; an unfinished character waits (the call returns "") until
+    its last byte arrives. Cost is O(1) per token: only the new token's bytes and at most three
+    pending bytes are looked at, never the history. Quirks kept from the reference: a malformed
+    character is dropped (not replaced by U+FFFD), and for tokenizers with
+    ``clean_up_tokenization_spaces`` a special token yields spaces around it.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._pending = b""
+        self._prev_special = False
+        self._first = True
+
+    def decode(self, token: int) -> str:
+        """Text newly completed by ``token`` (possibly "")."""
+        tok = self._tok
+        idx = int(token)
+        data, special = tok._token_bytes(
+            idx, self._prev_special, tok._options["skip_special_tokens"]
+        )
+        if tok._cleanup_spaces and special:
+            if self._first and not self._prev_special:
+                data = b" " + data
+            if idx != tok._stream_eos_id:
+                data += b" "
+        self._first = False
+        self._prev_special = special
+        buf = self._pending + data
+        out = bytearray()
+        i = done = 0
+        while i < len(buf):
+            size = _UTF8_LEN[buf[i] >> 4]
+            if size <= len(buf) - i:
+                done += size
+                if _is_one_valid_char(buf[i : i + size]):
+                    out += buf[i : i + size]
+            i += size
+        self._pending = buf[done:]
+        return out.decode("utf-8")
