@@ -80,5 +80,8 @@ def _shape(spec: PipelineSpec) -> tuple[str, list[str]]:
         chain = [str(w) for w in spec.dataflow if w.src in names and w.dst in names]
         reasons.append("stages chained by wires: " + ("; ".join(chain) or "(none)"))
         return "decoder-pipeline", reasons
+    if not step:
+        reasons.append("no stage runs in phase 'step'")
+        return "none", reasons
     reasons.append("no init stage and no cross-attention: a single autoregressive decoder")
     return "decoder", reasons

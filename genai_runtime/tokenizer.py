@@ -18,11 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
 import numpy as np
-from tokenizers import Tokenizer as _HfTokenizer
 
 from .errors import TokenizerError
 
@@ -182,7 +178,11 @@ def _strftime_now(fmt: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _template_env() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
+def _template_env():
+    # Imported here: jinja2 is only needed once a chat template is rendered.
+    import jinja2.ext
+    import jinja2.sandbox
+
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
@@ -197,7 +197,9 @@ def _template_env() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
 
 
 @lru_cache(maxsize=32)
-def _compile_template(source: str) -> jinja2.Template:
+def _compile_template(source: str):
+    import jinja2
+
     try:
         return _template_env().from_string(source)
     except jinja2.TemplateSyntaxError as exc:
@@ -273,7 +275,9 @@ class Tokenizer:
             raise TokenizerError(f"no tokenizer.json in {model_dir}")
         try:
             raw = tok_path.read_text(encoding="utf-8")
-            self._hf = _HfTokenizer.from_str(raw)
+            from tokenizers import Tokenizer as HfTokenizer  # imported when first needed
+
+            self._hf = HfTokenizer.from_str(raw)
             spec = json.loads(raw)
         except Exception as exc:  # tokenizers raises plain Exception on bad files
             raise TokenizerError(f"cannot load {tok_path}: {exc}") from exc

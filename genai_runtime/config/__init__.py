@@ -44,7 +44,7 @@ def load(
     doc = to_v2(loaded.doc, loaded.version)
     doc, chain = resolve_presets(doc, [Path(p) for p in preset_dirs])
     validate_document(doc, 2, source=f"{source} (after translation and presets)")
-    spec = build_spec(doc, loaded.model_dir, chain)
+    spec = build_spec(doc, loaded.model_dir, chain, source_version=loaded.version)
     problems = [
         p
         for name, s in spec.sessions.items()

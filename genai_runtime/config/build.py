@@ -48,7 +48,10 @@ _TOKEN_FIELDS = ("bos", "eos", "pad", "decoder_start")
 
 
 def build_spec(
-    doc: dict[str, Any], model_dir: Path | None = None, extends: Sequence[str] = ()
+    doc: dict[str, Any],
+    model_dir: Path | None = None,
+    extends: Sequence[str] = (),
+    source_version: int = 2,
 ) -> PipelineSpec:
     pipeline = doc.get("pipeline", {})
     sessions = {name: _session(name, body) for name, body in pipeline.get("sessions", {}).items()}
@@ -76,6 +79,7 @@ def build_spec(
         max_stages=pipeline.get("max_stages", DEFAULT_MAX_STAGES),
         extends=tuple(extends),
         model_dir=model_dir,
+        source_version=source_version,
     )
 
 
@@ -128,7 +132,9 @@ def _session(name: str, body: dict[str, Any]) -> SessionSpec:
 def _state(raw: dict[str, Any]) -> StateSpec:
     kv = dict(raw.get("kv_cache", {}))
     if "sliding_window" in kv:
-        kv["sliding_window"] = SlidingWindowSpec(**kv["sliding_window"])
+        window = dict(kv["sliding_window"])
+        window["layers"] = tuple(window.get("layers", ()))
+        kv["sliding_window"] = SlidingWindowSpec(**window)
     cross = raw.get("cross_cache")
     return StateSpec(
         kv_cache=KVCacheSpec(**kv),

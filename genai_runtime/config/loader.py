@@ -17,7 +17,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
@@ -173,6 +172,8 @@ def _parse_json(text: str, source: str) -> Any:
 
 
 def _parse_yaml(text: str, source: str) -> Any:
+    import yaml  # only YAML configs need it
+
     try:
         doc = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:

@@ -68,8 +68,11 @@ def resolve_presets(doc: dict[str, Any], extra_dirs: Sequence[Path] = ()) -> tup
             raise ConfigError([ConfigProblem(where, f"preset cycle: {cycle}")])
         chain.append(name)
         data, path = load_preset(name, extra_dirs, where)
-        merged = merge_pipeline(data.get("pipeline", {}), merged)
-        name = data.get("extends")
+        body = dict(data.get("pipeline", {}))
+        # A preset may chain with a top-level "extends" or, like a config, inside "pipeline".
+        parent = data.get("extends", body.pop("extends", None))
+        merged = merge_pipeline(body, merged)
+        name = parent
         where = f"preset {path.name}: extends"
     out = dict(doc)
     out["pipeline"] = merged

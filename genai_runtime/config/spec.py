@@ -113,6 +113,7 @@ class SlidingWindowSpec:
     alignment: Literal["left", "right"] = "right"
     slide_key_value_cache: bool = True
     slide_inputs: bool = True
+    layers: tuple[int, ...] = ()  # layers that use the window; empty: all of them
 
 
 @dataclass(frozen=True)

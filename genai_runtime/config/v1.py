@@ -41,6 +41,7 @@ def translate_v1(doc: dict[str, Any]) -> dict[str, Any]:
     if "$schema" in doc:
         out["$schema"] = doc["$schema"]
     pipeline = _pipeline(model)
+    notes = pipeline.pop("__notes__", [])
     spec = _speculative(model, doc.get("speculative"), pipeline)
     if spec:
         pipeline["strategy"] = spec
@@ -53,6 +54,8 @@ def translate_v1(doc: dict[str, Any]) -> dict[str, Any]:
     if "type" in out["metadata"]:
         out["metadata"]["model_type"] = out["metadata"].pop("type")
     out["metadata"]["translated_from"] = "v1"
+    if notes:
+        out["metadata"]["translation_notes"] = notes
     return out
 
 
@@ -80,11 +83,15 @@ def merge_embedded_v1(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _merge_pipeline(base: dict[str, Any], explicit: dict[str, Any]) -> dict[str, Any]:
     out = merge_pipeline(base, explicit)
-    # An explicit preset brings its own flow; the translated one must not shadow it.
     if "extends" in explicit:
+        # An explicit preset brings its own flow; the translated one must not shadow it.
         for key in ("flow", "dataflow"):
             if key not in explicit:
                 out.pop(key, None)
+    elif "dataflow" in explicit and "flow" not in explicit:
+        # The flow is still the translated one, so its wires stay; explicit ones are added.
+        wires = [w for w in base.get("dataflow", []) if w not in explicit["dataflow"]]
+        out["dataflow"] = wires + copy.deepcopy(explicit["dataflow"])
     return out
 
 
@@ -156,12 +163,25 @@ def _pipeline(model: dict[str, Any]) -> dict[str, Any]:
     extends: str | None = None
     init_sources: list[str] = []
 
+    notes: list[str] = []
     for kind in ("vision", "speech"):
-        if kind in model and model[kind].get("filename"):
-            sessions[kind] = _session(model[kind], model[kind]["filename"])
-            loop = "per_image" if kind == "vision" else "batched"
+        block = model.get(kind, {})
+        loop = "per_image" if kind == "vision" else "batched"
+        if block.get("filename"):
+            sessions[kind] = _session(block, block["filename"])
             flow.append({"run": kind, "when": "init", "loop": loop})
             init_sources.append(kind)
+        elif isinstance(block.get("pipeline"), dict):
+            # A staged tower (e.g. patch_embed -> vision_attn -> patch_merger): the v1 config
+            # names the files but not the tensors between them, so no wires can be derived.
+            for stage, body in block["pipeline"].items():
+                name = session_name(f"{kind}_{stage}")
+                sessions[name] = _session(body, body.get("filename", ""))
+                flow.append({"run": name, "when": "init", "loop": loop})
+            notes.append(
+                f"model.{kind}.pipeline stages became init sessions without wires between "
+                "them (v1 does not name those tensors); add them to pipeline.dataflow"
+            )
     if "encoder" in model and model["encoder"].get("filename"):
         sessions["encoder"] = _session(model["encoder"], model["encoder"]["filename"])
         flow.append({"run": "encoder", "when": "init"})
@@ -196,6 +216,8 @@ def _pipeline(model: dict[str, Any]) -> dict[str, Any]:
         flow.append(step)
 
     pipeline: dict[str, Any] = {"sessions": sessions}
+    if notes:
+        pipeline["__notes__"] = notes
     if extends is None and list(sessions) == ["decoder"]:
         extends = "autoregressive-decoder"
     if extends:

@@ -6,6 +6,7 @@ dots, dataflow cycles (reported as the cycle itself) and wires that run against 
 
 from __future__ import annotations
 
+from ..config.loader import json_path
 from ..config.spec import PHASES, PipelineSpec
 from ..errors import ConfigError, ConfigProblem
 
@@ -29,9 +30,8 @@ def flow_problems(spec: PipelineSpec) -> list[ConfigProblem]:
 
     for name in spec.sessions:
         if "." in name:
-            problems.append(
-                ConfigProblem(f"pipeline.sessions.{name}", "session names may not contain dots")
-            )
+            where = json_path(["pipeline", "sessions", name])
+            problems.append(ConfigProblem(where, "session names may not contain dots"))
     stages = stage_sessions(spec)
     if len(stages) > spec.max_stages:
         problems.append(

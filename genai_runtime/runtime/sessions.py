@@ -46,7 +46,9 @@ def ort_provider(name: str) -> str:
     return PROVIDERS[key]
 
 
-def session_options(spec: SessionOptionsSpec, model_dir: Path, trust: bool) -> ort.SessionOptions:
+def session_options(
+    spec: SessionOptionsSpec, model_dir: Path, trust: bool, where: str = "session_options"
+) -> ort.SessionOptions:
     so = ort.SessionOptions()
     if spec.intra_op_num_threads is not None:
         so.intra_op_num_threads = spec.intra_op_num_threads
@@ -71,12 +73,19 @@ def session_options(spec: SessionOptionsSpec, model_dir: Path, trust: bool) -> o
     for key, value in spec.config_entries.items():
         so.add_session_config_entry(key, value)
     if spec.custom_ops_library:
+        key = f"{where}.custom_ops_library"
         if not trust:
             raise TrustError(
-                f"session_options.custom_ops_library asks to load native code "
-                f"({spec.custom_ops_library!r}); pass trust_remote_code=True to allow it"
+                f"{key} asks to load native code ({spec.custom_ops_library!r}); "
+                "pass trust_remote_code=True to allow it"
             )
-        so.register_custom_ops_library(str(model_dir / spec.custom_ops_library))
+        library = model_dir / spec.custom_ops_library
+        if not library.is_file():
+            raise ModelError(f"{key}: library not found: {library}")
+        try:
+            so.register_custom_ops_library(str(library))
+        except Exception as exc:  # onnxruntime's Fail for a library it cannot load
+            raise ModelError(f"{key}: cannot load {library}: {exc}") from exc
     return so
 
 
@@ -122,7 +131,7 @@ def create_session(
     check_build_requires(spec.options, where)
     if not path.is_file():
         raise ModelError(f"{where}.file: model file not found: {path}")
-    options = session_options(spec.options, model_dir, trust)
+    options = session_options(spec.options, model_dir, trust, f"{where}.session_options")
     providers = providers_for(spec.options)
     try:
         return ort.InferenceSession(

@@ -56,10 +56,7 @@ def test_canonical_loop_prints_what_the_reference_prints(question: str) -> None:
 
 def test_model_generate_streams_text() -> None:
     model = genai_runtime.Model(require_shared("models", "smollm2-135m-instruct-int4"))
-    chunks = list(
-        model.generate(
-            [{"role": "user", "content": "What is the capital of France?"}], max_length=50
-        )  # fmt: skip
-    )
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    chunks = list(model.generate(messages, max_length=50))
     assert "".join(chunks).startswith("The capital of France is Paris")
     assert model.type == "llama" and model.device_type == "cpu"
