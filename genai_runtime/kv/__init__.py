@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..config.spec import KVCacheSpec, SessionSpec
-from ..errors import ConfigError, ConfigProblem, ModelError
+from ..errors import ConfigError, ConfigProblem, ModelError, UnsupportedError
 from ..runtime.graph_io import SessionIO, TensorInfo
 from .base import KVCache, KVLayout
 from .concat import ConcatCache
@@ -171,7 +171,7 @@ def plan_cache(layout: KVLayout, kv: KVCacheSpec, share_buffer: bool) -> KVPlan:
     if layout.format == "combined" and share_buffer:
         return KVPlan("concat", layout, "combined layout cannot share past/present buffers")
     if layout.format == "scatter":
-        raise ModelError(f"{layout.file}: static-scatter KV caches are not supported yet")
+        raise UnsupportedError(f"{layout.file}: static-scatter KV caches are not supported yet")
     return KVPlan("concat", layout, f"{layout.format} caches, past_present_share_buffer off")
 
 

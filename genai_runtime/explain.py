@@ -1,0 +1,321 @@
+"""The ``explain`` report: what a config resolves to and how it will run, as data and as text.
+
+Pure functions: ``explain_spec`` reads a PipelineSpec (plus, when the graphs were loaded, the
+execution plan) and returns a JSON-ready dict; ``format_report`` renders that dict for people.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .config.spec import PHASES, GenerationSpec, PipelineSpec
+from .errors import GenaiRuntimeError
+from .kv import plan_cache
+from .routing import classify
+from .runtime.plan import Plan
+
+__all__ = ["explain_model", "explain_spec", "format_report"]
+
+_LAYOUT_SHAPES = {
+    "separate": "[B, H, S, D] per key and value",
+    "combined": "[2, B, H, S, D] key and value together",
+    "scatter": "[B, S, H*D] static, written by scatter",
+}
+
+
+def explain_model(model: Any, *, source: str | None = None, version: int | None = None) -> dict:
+    """The report for a loaded ``Model`` (config plus what its graphs declare)."""
+    return explain_spec(model.spec, plan=model.plan, source=source, version=version)
+
+
+def explain_spec(
+    spec: PipelineSpec,
+    *,
+    plan: Plan | None = None,
+    source: str | None = None,
+    version: int | None = None,
+    graph_note: str | None = None,
+) -> dict[str, Any]:
+    """The report for a spec; ``plan`` adds stage inputs and the detected KV cache.
+
+    ``graph_note`` says why the graphs were not inspected (shown when ``plan`` is None).
+    """
+    route = classify(spec)
+    report: dict[str, Any] = {
+        "source": source,
+        "version": version,
+        "model_type": spec.model.type,
+        "route": {"kind": route.kind, "base": route.base, "reasons": list(route.reasons)},
+        "presets": list(spec.extends),
+        "sessions": _sessions(spec),
+        "flow": {phase: [_step(s) for s in spec.steps(phase)] for phase in PHASES},
+        "wires": [str(w) for w in spec.dataflow],
+        "roles": dict(spec.roles),
+        "strategy": _strategy(spec),
+        "tokens": _tokens(spec),
+        "generation": generation_changes(spec.generation),
+        "kv_cache_config": _non_default(spec.state.kv_cache),
+        "graphs": None,
+    }
+    if plan is not None:
+        report["graphs"] = {
+            "stages": [_stage(stage) for stage in plan.stages],
+            "vocab_size": plan.vocab_size,
+            "kv_cache": _kv(spec, plan),
+        }
+    elif graph_note:
+        report["graphs_note"] = graph_note
+    return report
+
+
+def generation_changes(generation: GenerationSpec) -> dict[str, Any]:
+    """Generation settings whose value differs from onnxruntime-genai's defaults."""
+    default = GenerationSpec()
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(GenerationSpec):
+        value = getattr(generation, f.name)
+        if value == getattr(default, f.name):
+            continue
+        if f.name == "logits":
+            value = [{"kind": p.kind, **dict(p.params)} for p in value]
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+# -- pieces of the report ------------------------------------------------------------------
+
+
+def _sessions(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
+    roles = {session: role for role, session in spec.roles.items()}
+    out = {}
+    for name, session in spec.sessions.items():
+        steps = [s for s in spec.flow if s.run == name]
+        providers = [p.name for p in session.options.providers if p.name] or ["cpu"]
+        out[name] = {
+            "file": session.file,
+            "phases": list(dict.fromkeys(s.when for s in steps)),
+            "run_on_prompt": any(s.run_on_prompt for s in steps) if steps else None,
+            "run_on_token_gen": any(s.run_on_token_gen for s in steps) if steps else None,
+            "providers": providers,
+            "role": roles.get(name),
+        }
+    return out
+
+
+def _step(step: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"run": step.run}
+    if step.loop:
+        out["loop"] = step.loop
+    if step.cross_attention_from:
+        out["cross_attention_from"] = step.cross_attention_from
+    if not step.run_on_prompt:
+        out["run_on_prompt"] = False
+    if not step.run_on_token_gen:
+        out["run_on_token_gen"] = False
+    return out
+
+
+def _strategy(spec: PipelineSpec) -> dict[str, Any] | None:
+    if spec.strategy.kind == "standard":
+        return None
+    out = _non_default(spec.strategy)
+    out["kind"] = spec.strategy.kind
+    return out
+
+
+def _tokens(spec: PipelineSpec) -> dict[str, Any]:
+    t = spec.tokens
+    out: dict[str, Any] = {"bos": t.bos, "eos": list(t.eos), "pad": t.pad}
+    if t.decoder_start is not None:
+        out["decoder_start"] = t.decoder_start
+    out.update(dict(t.extra))
+    return out
+
+
+def _non_default(obj: Any) -> dict[str, Any]:
+    """A frozen dataclass's fields that are set (not None and not their default)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if value is None or value == default or (isinstance(value, Mapping) and not value):
+            continue
+        out[f.name] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready form of spec values (mappings, tuples, nested dataclasses)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _stage(stage: Any) -> dict[str, Any]:
+    inputs = []
+    for feed in stage.feeds:
+        entry: dict[str, Any] = {
+            "name": feed.name,
+            "type": feed.info.type,
+            "shape": list(feed.info.shape),
+            "source": feed.source,
+        }
+        if feed.role:
+            entry["role"] = feed.role
+        if feed.wire:
+            entry["wire"] = str(feed.wire)
+        inputs.append(entry)
+    return {
+        "session": stage.name,
+        "file": stage.io.file,
+        "phase": stage.step.when,
+        "inputs": inputs,
+        "logits": stage.logits.name if stage.logits is not None else None,
+        "wire_outputs": list(stage.wire_outputs),
+    }
+
+
+def _kv(spec: PipelineSpec, plan: Plan) -> dict[str, Any] | None:
+    layout = plan.layout
+    if layout is None:
+        return None
+    out: dict[str, Any] = {
+        "file": layout.file,
+        "format": layout.format,
+        "pattern": layout.pattern,
+        "past": list(layout.past[0]) if layout.past else [],
+        "present": list(layout.present[0]) if layout.present else [],
+        "num_layers": layout.num_layers,
+        "num_kv_heads": layout.num_kv_heads,
+        "head_size": layout.head_size,
+        "dtype": str(layout.dtype),
+        "bytes_per_token": layout.bytes_per_token(1),
+        "static_capacity": layout.static_capacity,
+    }
+    share_buffer = spec.generation.past_present_share_buffer
+    try:
+        kv_plan = plan_cache(layout, spec.state.kv_cache, share_buffer)
+        out["kind"], out["reason"] = kv_plan.kind, kv_plan.reason
+    except GenaiRuntimeError as exc:  # the layout is real even when no cache kind handles it
+        out["kind"], out["reason"] = None, str(exc)
+    return out
+
+
+# -- text ------------------------------------------------------------------------------------
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The report as aligned, human-readable text."""
+    lines: list[str] = []
+    add = lines.append
+    version = f"v{report['version']}" if report.get("version") else "config"
+    head = f"config: {report.get('source') or '(in memory)'} ({version}"
+    add(head + (f", model type {report['model_type']})" if report.get("model_type") else ")"))
+
+    route = report["route"]
+    add(f"route: {route['kind']}" + (f" (over {route['base']})" if route.get("base") else ""))
+    lines += [f"  - {reason}" for reason in route["reasons"]]
+    add(f"presets: {' -> '.join(report['presets']) if report['presets'] else '(none)'}")
+
+    add("sessions:")
+    for name, s in report["sessions"].items():
+        phases = ", ".join(s["phases"]) or "not in flow"
+        bits = [f"file {s['file']}", f"phase {phases}"]
+        if s["phases"]:
+            bits.append(f"run_on_prompt {_yes(s['run_on_prompt'])}")
+            bits.append(f"run_on_token_gen {_yes(s['run_on_token_gen'])}")
+        bits.append(f"providers {', '.join(s['providers'])}")
+        if s.get("role"):
+            bits.append(f"role {s['role']}")
+        add(f"  {name}: " + "; ".join(bits))
+
+    add("flow:")
+    for phase in PHASES:
+        steps = report["flow"][phase]
+        add(f"  {phase + ':':<6} " + (", ".join(_step_text(s) for s in steps) or "(none)"))
+    add("wires:" + ("" if report["wires"] else " (none)"))
+    lines += [f"  {w}" for w in report["wires"]]
+    if report.get("roles"):
+        add("roles: " + ", ".join(f"{k} = {v}" for k, v in report["roles"].items()))
+    if report.get("strategy"):
+        add("strategy: " + _pairs(report["strategy"]))
+    add("tokens: " + _pairs(report["tokens"]))
+    add("generation (differs from defaults): " + (_pairs(report["generation"]) or "(none)"))
+
+    graphs = report.get("graphs")
+    if graphs is None:
+        if report.get("kv_cache_config"):
+            add("kv cache (configured): " + _pairs(report["kv_cache_config"]))
+        add(f"graphs: not inspected ({report.get('graphs_note') or 'config only'})")
+        return "\n".join(lines) + "\n"
+
+    add("stages:")
+    for stage in graphs["stages"]:
+        add(f"  {stage['session']} ({stage['file']}, {stage['phase']}):")
+        kv = [i for i in stage["inputs"] if i["source"] == "kv"]
+        rows = [(i["name"], _tensor(i), _source(i)) for i in stage["inputs"] if i not in kv]
+        w1 = max((len(r[0]) for r in rows), default=0)
+        w2 = max((len(r[1]) for r in rows), default=0)
+        lines += [f"    {name:<{w1}}  {tensor:<{w2}}  <- {source}" for name, tensor, source in rows]
+        if kv:
+            add(f"    {len(kv)} KV inputs ({kv[0]['name']} ... {kv[-1]['name']})  <- kv cache")
+        if stage["logits"]:
+            add(f"    -> logits: {stage['logits']}")
+        if stage["wire_outputs"]:
+            add(f"    -> wired outputs: {', '.join(stage['wire_outputs'])}")
+
+    kv = graphs.get("kv_cache")
+    if kv is None:
+        add("kv cache: none detected")
+    else:
+        add(f"kv cache (detected from {kv['file']}):")
+        names = ", ".join(kv["past"])
+        add(f"  format:    {kv['format']} {_LAYOUT_SHAPES[kv['format']]} ({names} ...)")
+        add(f"  layers:    {kv['num_layers']}")
+        add(f"  heads:     {kv['num_kv_heads']} (KV heads)")
+        add(f"  head size: {kv['head_size']}")
+        add(f"  dtype:     {kv['dtype']} ({kv['bytes_per_token']} bytes per token, batch 1)")
+        kind = kv["kind"] or "unavailable"
+        add(f"  kind:      {kind} ({kv['reason']})")
+    return "\n".join(lines) + "\n"
+
+
+def _yes(flag: bool | None) -> str:
+    return "yes" if flag else "no"
+
+
+def _step_text(step: Mapping[str, Any]) -> str:
+    extras = [f"{k}={v}" for k, v in step.items() if k != "run"]
+    return step["run"] + (f" [{', '.join(extras)}]" if extras else "")
+
+
+def _pairs(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {_value(v)}" for k, v in values.items() if v is not None)
+
+
+def _value(value: Any) -> str:
+    """Values as the config spells them (true, not True)."""
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _tensor(entry: Mapping[str, Any]) -> str:
+    kind = entry["type"].removeprefix("tensor(").removesuffix(")")
+    dims = ", ".join("?" if d is None else str(d) for d in entry["shape"])
+    return f"{kind}[{dims}]"
+
+
+def _source(entry: Mapping[str, Any]) -> str:
+    if entry["source"] == "role":
+        return f"role {entry['role']}"
+    if entry["source"] == "wire":
+        return f"wire {entry['wire']}"
+    return "user-supplied (set_model_input)"
