@@ -28,7 +28,7 @@ import onnxruntime as ort
 class BareDecoder:
     """A session over the model folder's decoder; ``start`` prepares one generation."""
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, threads: int | None = None):
         model_dir = Path(model_dir)
         config = json.loads((model_dir / "genai_config.json").read_text())
         decoder = config["model"]["decoder"]
@@ -46,9 +46,12 @@ class BareDecoder:
                 self.kv_names.append(
                     (inputs[f"past_{kind}_names"] % i, outputs[f"present_{kind}_names"] % i)
                 )
-        # Default session options on purpose: this is the floor for the same defaults.
+        # Default session options unless threads are given: the floor for the same settings.
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(
-            str(model_dir / decoder["filename"]), providers=["CPUExecutionProvider"]
+            str(model_dir / decoder["filename"]), options, providers=["CPUExecutionProvider"]
         )
 
     def start(self, prompt_ids: list[int], max_length: int) -> BareGeneration:

@@ -5,7 +5,8 @@ runs every side in its own fresh subprocess (alternating the order each round), 
 figure the median of each side and the median/min/max of the per-round ratios ours/reference.
 
 Worker (``--worker ours|reference|bare``): loads the model, warms up, times K generations and
-prints one JSON line. Both runtimes use their default session options (no thread settings).
+prints one JSON line. Both runtimes use their default session options unless ``--threads N``
+sets the same intra-op thread count on every side.
 
     python benchmarks/vs_onnxruntime_genai.py [MODEL_DIR] [--rounds 7] [--new-tokens 64]
         [--prompt TEXT] [--chat] [--json OUT] [--include-bare]
@@ -30,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_MODEL = Path("/work/shared/models/smollm2-135m-instruct-int4")
+# The shared material sits beside the checkout: <repo>/../shared.
+DEFAULT_MODEL = HERE.parents[1] / "shared" / "models" / "smollm2-135m-instruct-int4"
 DEFAULT_QUESTION = "What is the capital of France?"
 SIDES = ("ours", "reference", "bare")
 TOKENIZE = "tokenize"  # a worker that only tokenizes, so the driver never loads a model
@@ -81,11 +83,17 @@ def _time_generation(
     return Timing(prefill_s=t2 - t1, step_s=steps, tokens=out, setup_s=t1 - t0)
 
 
-def _genai_callables(og: Any, model_dir: str, prompt_ids: list[int]) -> tuple[Any, Callable]:
+def _genai_callables(
+    og: Any, model_dir: str, prompt_ids: list[int], threads: int | None = None
+) -> tuple[Any, Callable]:
     """Load an onnxruntime-genai-compatible module's model; return it and a runner factory."""
     import numpy as np
 
-    model = og.Model(model_dir)
+    config = og.Config(model_dir)
+    if threads is not None:  # the same genai_config overlay on both sides
+        options = {"session_options": {"intra_op_num_threads": threads}}
+        config.overlay(json.dumps({"model": {"decoder": options}}))
+    model = og.Model(config)
     prompt = np.asarray(prompt_ids, dtype=np.int32)
 
     def runner(new_tokens: int) -> Timing:
@@ -109,11 +117,13 @@ def _genai_callables(og: Any, model_dir: str, prompt_ids: list[int]) -> tuple[An
     return model, runner
 
 
-def _bare_callables(model_dir: str, prompt_ids: list[int]) -> tuple[Any, Callable]:
+def _bare_callables(
+    model_dir: str, prompt_ids: list[int], threads: int | None = None
+) -> tuple[Any, Callable]:
     sys.path.insert(0, str(HERE))
     from bare_onnxruntime import BareDecoder
 
-    decoder = BareDecoder(model_dir)
+    decoder = BareDecoder(model_dir, threads=threads)
 
     def runner(new_tokens: int) -> Timing:
         return _time_generation(
@@ -155,7 +165,13 @@ def _vm_hwm_mib() -> float | None:
 
 
 def run_worker(
-    side: str, model_dir: str, prompt_ids: list[int], new_tokens: int, timed: int, warmup: int
+    side: str,
+    model_dir: str,
+    prompt_ids: list[int],
+    new_tokens: int,
+    timed: int,
+    warmup: int,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Load, warm up, time ``timed`` generations; return medians and peak RSS."""
     t0 = time.perf_counter()
@@ -163,13 +179,13 @@ def run_worker(
     if side == "ours":
         import genai_runtime as og
 
-        _, runner = _genai_callables(og, model_dir, prompt_ids)
+        _, runner = _genai_callables(og, model_dir, prompt_ids, threads)
     elif side == "reference":
         import onnxruntime_genai as og
 
-        _, runner = _genai_callables(og, model_dir, prompt_ids)
+        _, runner = _genai_callables(og, model_dir, prompt_ids, threads)
     elif side == "bare":
-        _, runner = _bare_callables(model_dir, prompt_ids)
+        _, runner = _bare_callables(model_dir, prompt_ids, threads)
     else:
         raise ValueError(f"unknown side {side!r}")
     load_s = time.perf_counter() - t0
@@ -244,6 +260,8 @@ def spawn(side: str, args: argparse.Namespace, ids_json: str) -> dict[str, Any]:
         "--prompt-ids", ids_json, "--new-tokens", str(args.new_tokens),
         "--timed", str(args.timed), "--warmup-tokens", str(args.warmup_tokens),
     ]  # fmt: skip
+    if args.threads is not None:
+        cmd += ["--threads", str(args.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
@@ -313,7 +331,12 @@ def print_table(summary: dict[str, Any], sides: list[str], meta: dict[str, Any])
     print(
         f"\nmodel {meta['model_dir']} | prompt {meta['prompt_tokens']} tokens | "
         f"{meta['new_tokens']} new tokens | {meta['rounds']} rounds x {meta['timed']} timed "
-        f"generations | greedy | default session options"
+        f"generations | greedy | "
+        + (
+            f"intra_op_num_threads={meta['threads']}"
+            if meta["threads"]
+            else "default session options"
+        )
     )
     for i, row in enumerate(rows):
         cells = [c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))]
@@ -324,11 +347,14 @@ def print_table(summary: dict[str, Any], sides: list[str], meta: dict[str, Any])
         print(f"parity: {side} tokens == reference tokens: {'yes' if same else 'NO'}")
     threads = ", ".join(f"{s} {n}" for s, n in meta["os_threads"].items())
     print(f"OS threads per worker after the run: {threads}")
-    print(
-        f"default intra-op threads: reference max(1, min(16, cpus // 2)) = "
-        f"{meta['reference_default_intra_op_threads']}; onnxruntime's own default "
-        f"(0 = physical cores) otherwise"
-    )
+    if meta["threads"] is not None:
+        print(f"intra-op threads: {meta['threads']} on every side (--threads)")
+    else:
+        print(
+            f"default intra-op threads: reference max(1, min(16, cpus // 2)) = "
+            f"{meta['reference_default_intra_op_threads']}; onnxruntime's own default "
+            f"(0 = physical cores) otherwise"
+        )
     for side, (maxrss, hwm) in meta["rss_check"].items():
         if hwm is not None and abs(maxrss - hwm) > 0.02 * hwm:
             print(f"warning: {side} ru_maxrss {maxrss:.1f} MiB != VmHWM {hwm:.1f} MiB")
@@ -378,6 +404,7 @@ def run_driver(args: argparse.Namespace) -> None:
         "rounds": args.rounds,
         "timed": args.timed,
         "warmup_tokens": args.warmup_tokens,
+        "threads": args.threads,
         "parity": parity(rounds, sides),
         "python": sys.version.split()[0],
         "machine": platform.platform(),
@@ -414,6 +441,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chat", action="store_true", help="apply the chat template to --prompt")
     parser.add_argument("--json", help="write every round's raw figures and the summary here")
     parser.add_argument("--include-bare", action="store_true", help="also run the bare floor")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="intra-op threads for every side (default: each side's own default)",
+    )
     # Worker-side options (the driver passes them through).
     parser.add_argument("--worker", choices=(*SIDES, TOKENIZE), help=argparse.SUPPRESS)
     parser.add_argument("--prompt-ids", help=argparse.SUPPRESS)
@@ -429,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--worker needs --prompt-ids")
         result = run_worker(
             args.worker, args.model_dir, json.loads(args.prompt_ids), args.new_tokens,
-            args.timed, args.warmup_tokens,
+            args.timed, args.warmup_tokens, args.threads,
         )  # fmt: skip
         print(json.dumps(result))
     else:

@@ -134,6 +134,9 @@ class Generator:
         self.vocab_size = vocab
         self.pad_token_id = spec.tokens.pad if spec.tokens.pad is not None else 0
         self.eos_token_ids = np.array(spec.tokens.eos, dtype=np.int64)
+        # A vocabulary-sized lookup: one index per token instead of np.isin per step.
+        self._is_eos = np.zeros(max(vocab, *(int(e) + 1 for e in spec.tokens.eos), 1), bool)
+        self._is_eos[[e for e in spec.tokens.eos if e >= 0]] = True
         layout = model.plan.layout
         kv_plan = None
         if layout is not None:
@@ -156,6 +159,7 @@ class Generator:
         self._pending: np.ndarray | None = None  # tokens in the sequence, not yet run
         self._next = np.zeros(self.batch_size, np.int32)
         self._eos_seen = np.zeros(self.batch_size, bool)
+        self._any_eos = False
         self._done = False
 
     # -- the reference API -----------------------------------------------------------------
@@ -177,6 +181,7 @@ class Generator:
         self._length += n
         self._pending = None
         self._eos_seen[:] = False
+        self._any_eos = False
         self._done = False
 
     def generate_next_token(self) -> None:
@@ -200,8 +205,12 @@ class Generator:
                 logits, top_k=s.top_k, top_p=s.top_p, temperature=s.temperature,
                 min_p=s.min_p, rng=self._rng,
             )  # fmt: skip
-        tokens = np.where(self._eos_seen, self.pad_token_id, tokens).astype(np.int32)
-        self._eos_seen |= np.isin(tokens, self.eos_token_ids)
+        if self._any_eos:
+            tokens[self._eos_seen] = self.pad_token_id
+        hit = self._is_eos[tokens]
+        if hit.any():
+            self._eos_seen |= hit
+            self._any_eos = True
         self._seq[:, self._length] = tokens
         self._length += 1
         self._next[:] = tokens
@@ -260,7 +269,8 @@ class Generator:
             self._pending = self._seq[:, length - 1 : length].copy()
         self._length = length
         self._logits = None
-        self._eos_seen = np.isin(self._seq[:, :length], self.eos_token_ids).any(axis=1)
+        self._eos_seen = self._is_eos[self._seq[:, :length]].any(axis=1)
+        self._any_eos = bool(self._eos_seen.any())
         self._done = False
 
     def get_output(self, name: str) -> np.ndarray:

@@ -74,7 +74,7 @@ class Executor:
                     pos_dtype = feed.info.dtype
         self.positions = PositionState(batch_size, max_length, pad_token_id, mask_dtype, pos_dtype)
         self.user_inputs: dict[str, ort.OrtValue] = {}
-        self._ids: dict[np.dtype, np.ndarray] = {}
+        self._ids: dict[tuple, np.ndarray] = {}
         self._scalars: dict[str, np.ndarray] = {}
         self._logits_buf = np.empty(0, np.float32)
         self._logits_out: np.ndarray | None = None
@@ -171,12 +171,10 @@ class Executor:
             stage.shapes[name] = key
 
     def _ids_buffer(self, dtype: np.dtype, tokens: np.ndarray) -> np.ndarray:
-        b, n = tokens.shape
-        buf = self._ids.get(dtype)
-        if buf is None or buf.size < b * n:
-            buf = np.zeros(max(b * n, b * 64), dtype)
-            self._ids[dtype] = buf
-        view = buf[: b * n].reshape(b, n)
+        shape = tokens.shape
+        view = self._ids.get((dtype, shape))
+        if view is None:  # one small buffer per (dtype, shape): a decode pass reuses its own
+            view = self._ids[(dtype, shape)] = np.zeros(shape, dtype)
         view[...] = tokens
         return view
 
@@ -196,15 +194,14 @@ class Executor:
             stage.bound.bind_output_alloc(info.name)
             return
         shape = (self.batch_size, n, vocab) if info.rank == 3 else (self.batch_size, vocab)
-        size = int(np.prod(shape))
-        dtype = info.dtype
-        if self._logits_buf.size < size or self._logits_buf.dtype != dtype:
-            self._logits_buf = np.empty(size, dtype)
-            stage.shapes.pop(info.name, None)
-        if stage.shapes.get(info.name) != shape:
-            self._logits_out = self._logits_buf[:size].reshape(shape)
-            stage.bound.bind_output_array(info.name, self._logits_out)
-            stage.shapes[info.name] = shape
+        if stage.shapes.get(info.name) == shape:
+            return  # a decode pass: the same buffer stays bound
+        size = self.batch_size * vocab * (n if info.rank == 3 else 1)
+        if self._logits_buf.size < size or self._logits_buf.dtype != info.dtype:
+            self._logits_buf = np.empty(size, info.dtype)
+        self._logits_out = self._logits_buf[:size].reshape(shape)
+        stage.bound.bind_output_array(info.name, self._logits_out)
+        stage.shapes[info.name] = shape
 
     def _read_logits(self, n: int) -> np.ndarray:
         stage = next(s for s in self.stages if s.plan.logits is not None)

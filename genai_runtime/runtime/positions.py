@@ -43,7 +43,10 @@ class PositionState:
             self._prompt(tokens)
         elif self.batch_size == 1:
             self._mask[0, start:end] = 1
-            self._pos[0, start:end] = np.arange(start, end)
+            if n == 1:  # the per-token case: no temporary arrays
+                self._pos[0, start] = start
+            else:
+                self._pos[0, start:end] = np.arange(start, end)
             self.last_index[0] = n - 1
         else:
             # Continuing a padded batch: one token per row, at each row's next position.

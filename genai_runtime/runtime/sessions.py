@@ -145,7 +145,10 @@ def create_session(
         raise ModelError(f"{where}.file: cannot load {path}: {reason}") from exc
 
 
-def run_options(entries: dict[str, str] | None) -> ort.RunOptions:
+def run_options(entries: dict[str, str] | None) -> ort.RunOptions | None:
+    """RunOptions for the entries, or None when there are none (cheaper per run)."""
+    if not entries:
+        return None
     ro = ort.RunOptions()
     for key, value in (entries or {}).items():
         ro.add_run_config_entry(key, value)
