@@ -35,16 +35,20 @@ class _Stage:
         self.wire_feeds = plan.feeds_from("wire")
         self.user_feeds = plan.feeds_from("user")
         self.has_kv = bool(plan.feeds_from("kv"))
-        for name in plan.wire_outputs:
-            self.bound.bind_output_alloc(name)
-        claimed = set(plan.wire_outputs)
+        claimed = set()
         if plan.layout is not None:
             claimed.update(n for layer in plan.layout.present for n in layer)
         if plan.logits is not None:
             claimed.add(plan.logits.name)
-        for name in plan.io.outputs:  # the rest stay readable through get_output()
-            if name not in claimed:
-                self.bound.bind_output_alloc(name)
+        # Wire sources, and the rest (readable through get_output()), are allocated by
+        # onnxruntime per run: their shapes change with the number of tokens in a pass.
+        self.alloc_outputs = [n for n in plan.io.outputs if n not in claimed]
+
+    def bind_alloc_outputs(self) -> None:
+        # Rebinding drops the tensor the last run left bound, which onnxruntime would otherwise
+        # take as a preallocated output of the old shape.
+        for name in self.alloc_outputs:
+            self.bound.bind_output_alloc(name)
 
 
 class Executor:
@@ -162,6 +166,7 @@ class Executor:
             self.cache.bind(bound, n)
         if stage.plan.logits is not None:
             self._bind_logits(stage, n)
+        stage.bind_alloc_outputs()
 
     def _bind(self, stage: _Stage, name: str, array: np.ndarray, always: bool = False) -> None:
         """Bind by pointer; a buffer whose pointer and shape are unchanged stays bound."""

@@ -1,5 +1,9 @@
-"""Greedy parity with onnxruntime-genai 0.18.0: every single-decoder golden, token for token,
-and the prefill logits within 1e-3 of the goldens' top-20."""
+"""Greedy parity with onnxruntime-genai 0.18.0: every decoder golden, token for token, and the
+prefill logits within 1e-3 of the goldens' top-20.
+
+The pipeline goldens (embeddings -> transformer -> lm_head, three sessions chained by wires) run
+through the same generic executor as the single-decoder ones.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ GOLDENS = [
     "smollm2-int4-penalty",
     "smollm2-int4-chat",
     "smollm2-int4-chat-batch",
+    "pipeline-tiny",
+    "speculative-tiny-draft",
 ]
 
 

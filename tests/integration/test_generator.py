@@ -27,6 +27,12 @@ def gpt2() -> og.Model:
     return og.Model(require_shared("fixtures", "onnxruntime-genai", "tiny-random-gpt2-fp32"))
 
 
+@functools.cache
+def pipeline() -> og.Model:
+    """Three sessions (embeddings -> transformer -> lm_head) chained by wires."""
+    return og.Model(require_shared("fixtures", "onnxruntime-genai", "pipeline-model-tiny"))
+
+
 def _generator(model: og.Model, **options) -> og.Generator:
     params = og.GeneratorParams(model)
     params.set_search_options(**options)
@@ -44,6 +50,7 @@ CACHES = [
     pytest.param(smollm2_2layers, {"past_present_share_buffer": True}, "share-buffer", id="share"),
     pytest.param(smollm2_2layers, {"past_present_share_buffer": False}, "concat", id="concat"),
     pytest.param(gpt2, {}, "concat", id="combined-gpt2"),
+    pytest.param(pipeline, {}, "concat", id="three-stage-pipeline"),
 ]
 
 

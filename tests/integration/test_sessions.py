@@ -1,0 +1,114 @@
+"""Sessions are built from the config's session_options: typed options, free-form config
+entries, providers and build requirements reach onnxruntime, or fail with a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import onnxruntime as ort
+import pytest
+from conftest import require_shared
+
+import genai_runtime as og
+
+
+def _config(overlay: dict | None = None) -> og.Config:
+    config = og.Config(require_shared("models", "smollm2-135m-instruct-int4-2layers"))
+    if overlay:
+        config.overlay(json.dumps(overlay))
+    return config
+
+
+def _decoder_options(**options) -> dict:
+    return {"model": {"decoder": {"session_options": options}}}
+
+
+def test_typed_options_and_config_entries_reach_onnxruntime() -> None:
+    config = _config(
+        _decoder_options(
+            intra_op_num_threads=1,
+            graph_optimization_level="ORT_ENABLE_BASIC",
+            enable_mem_pattern=False,
+            **{"session.intra_op.allow_spinning": "0"},
+        )
+    )
+    options = og.Model(config).sessions["decoder"].get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert options.enable_mem_pattern is False
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_overlay_is_validated_and_a_bad_one_leaves_the_config_as_it_was() -> None:
+    config = _config()
+    with pytest.raises(og.ConfigError, match=r"search\.max_length: expected an integer"):
+        config.overlay(json.dumps({"search": {"max_length": "long"}}))
+    config.overlay(json.dumps({"search": {"max_length": 77}}))
+    assert config.spec.generation.max_length == 77
+
+
+def test_unavailable_provider_is_a_clear_error() -> None:
+    config = _config()
+    config.clear_providers()
+    config.append_provider("cuda")
+    with pytest.raises(og.UnsupportedError, match=r"'cuda' \(CUDAExecutionProvider\).*available"):
+        og.Model(config)
+
+
+def test_clear_providers_runs_on_cpu() -> None:
+    config = _config(_decoder_options(provider_options=[{"cuda": {"device_id": "0"}}]))
+    config.clear_providers()
+    model = og.Model(config)
+    assert model.sessions["decoder"].get_providers() == ["CPUExecutionProvider"]
+
+
+def test_build_requires_is_checked_before_loading(tmp_path) -> None:
+    doc = {
+        "version": 2,
+        "pipeline": {
+            "extends": "autoregressive-decoder",
+            "sessions": {
+                "decoder": {
+                    "file": "model.onnx",
+                    "session_options": {"build_requires": {"onnxruntime": ">=99.0"}},
+                }
+            },
+        },
+        "tokens": {"eos": [2], "pad": 2},
+        "generation": {"max_length": 32},
+    }
+    (tmp_path / "genai_config.json").write_text(json.dumps(doc))
+    with pytest.raises(og.UnsupportedError, match=r"needs onnxruntime >=99\.0"):
+        og.Model(tmp_path)
+
+
+def test_v2_runtime_options_are_applied(tmp_path) -> None:
+    source = require_shared("models", "smollm2-135m-instruct-int4-2layers")
+    for name in ("model.onnx", "model.onnx.data"):
+        (tmp_path / name).write_bytes((source / name).read_bytes())  # copies, not hard links
+    doc = {
+        "version": 2,
+        "pipeline": {
+            "extends": "autoregressive-decoder",
+            "sessions": {
+                "decoder": {
+                    "file": "model.onnx",
+                    "session_options": {
+                        "runtime": {"intra_op_num_threads": 1, "execution_mode": "sequential"},
+                        "build_requires": {"onnxruntime": ">=1.20"},
+                    },
+                }
+            },
+            # The graph leaves the head size symbolic ('kv_cache_dim'): the config states it.
+            "state": {"kv_cache": {"head_size": 64}},
+        },
+        "tokens": {"eos": [2], "pad": 2},
+        "generation": {"max_length": 32},
+    }
+    (tmp_path / "genai_config.json").write_text(json.dumps(doc))
+    model = og.Model(tmp_path)
+    assert model.sessions["decoder"].get_session_options().intra_op_num_threads == 1
+    generator = og.Generator(model, og.GeneratorParams(model))
+    generator.append_tokens([504, 1398, 282])
+    generator.generate_next_token()
+    assert generator.token_count() == 4
