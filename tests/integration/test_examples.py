@@ -13,6 +13,7 @@ import pytest
 import yaml
 from conftest import REPO, require_shared
 
+from genai_runtime.cli import main as cli_main
 from genai_runtime.config import load
 from genai_runtime.config.loader import config_version, read_document, validate_document
 from genai_runtime.config.presets import available_presets
@@ -288,3 +289,19 @@ def test_shared_examples_need_their_root() -> None:
     target = require_shared("fixtures", "onnxruntime-genai", "speculative-tiny", "target")
     with pytest.raises(ConfigError, match=r"pipeline\.sessions\.draft\.file"):
         load(target)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_validates_and_explains_through_the_cli(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``genai-runtime validate`` and ``explain`` on each example (configs only: no ONNX here)."""
+    example = EXAMPLES[name]
+    path = str(EXAMPLES_DIR / name / example.config)
+    presets = [a for d in example.preset_dirs for a in ("--presets", str(EXAMPLES_DIR / name / d))]
+    assert cli_main(["validate", path, "--config-only", *presets]) == 0
+    assert f"route {example.kind}" in capsys.readouterr().out
+    assert cli_main(["explain", path, "--config-only", *presets]) == 0
+    report = capsys.readouterr().out
+    assert f"route: {example.kind}" in report
+    assert example.reason in report
