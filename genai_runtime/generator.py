@@ -214,7 +214,9 @@ class Generator:
         self._seq[:, self._length] = tokens
         self._length += 1
         self._next[:] = tokens
-        self._pending = self._next[:, None]
+        # Logits set by hand skip a forward pass: earlier unrun tokens then run with this one.
+        step = tokens[:, None]
+        self._pending = step if self._pending is None else np.hstack([self._pending, step])
         self._logits = None
         self._done = bool(self._eos_seen.all()) or self._length >= self.max_length
 
@@ -249,7 +251,6 @@ class Generator:
                 f"{array.shape}"
             )
         self._logits = array.reshape(self.batch_size, self.vocab_size).copy()
-        self._pending = None
 
     def rewind_to(self, length: int) -> None:
         """Keep the first ``length`` tokens; the next step recomputes logits after them."""

@@ -12,6 +12,7 @@ from typing import Any
 import onnxruntime as ort
 
 from .config import load
+from .config.loader import deep_merge
 from .config.spec import PipelineSpec, ProviderSpec, frozen_map
 from .errors import ConfigError, TrustError, UnsupportedError
 from .routing import Route, classify
@@ -46,7 +47,7 @@ class Config:
     def _load(self) -> PipelineSpec:
         overlay: dict[str, Any] = {}
         for layer in self._overlays:
-            overlay = _merge(overlay, layer)
+            overlay = deep_merge(overlay, layer)
         return load(self.path, overlay or None, preset_dirs=self._preset_dirs, root=self._root)
 
     @property
@@ -88,12 +89,6 @@ class Config:
         else:
             providers.append(ProviderSpec(provider, frozen_map({key: value})))
         self._providers = providers
-
-
-def _merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
-    from .config.loader import deep_merge
-
-    return deep_merge(base, layer)
 
 
 class Model:

@@ -83,6 +83,7 @@ class Executor:
         self._logits_buf = np.empty(0, np.float32)
         self._logits_out: np.ndarray | None = None
         self._last_run: dict[str, _Stage] = {}
+        self._logits_stage = next(s for s in self.stages if s.plan.logits is not None)
 
     @property
     def length(self) -> int:
@@ -139,9 +140,9 @@ class Executor:
                 ids = self._ids_buffer(feed.info.dtype, tokens)
                 self._bind(stage, feed.name, ids)
             elif role == "attention_mask":
-                self._bind(stage, feed.name, self.positions.mask(), always=True)
+                self._bind(stage, feed.name, self.positions.mask())
             elif role == "position_ids":
-                self._bind(stage, feed.name, self.positions.positions(n), always=True)
+                self._bind(stage, feed.name, self.positions.positions(n))
             elif role in SCALAR_ROLES:
                 value = {"current_sequence_length": n, "total_sequence_length": start + n}
                 self._bind(stage, feed.name, self._scalar(feed, value.get(role, start)))
@@ -168,10 +169,11 @@ class Executor:
             self._bind_logits(stage, n)
         stage.bind_alloc_outputs()
 
-    def _bind(self, stage: _Stage, name: str, array: np.ndarray, always: bool = False) -> None:
-        """Bind by pointer; a buffer whose pointer and shape are unchanged stays bound."""
+    def _bind(self, stage: _Stage, name: str, array: np.ndarray) -> None:
+        """Bind by pointer; a buffer whose pointer and shape are unchanged stays bound (its
+        contents are read at run time, so updating it in place is enough)."""
         key = (array.__array_interface__["data"][0], array.shape)
-        if always or stage.shapes.get(name) != key:
+        if stage.shapes.get(name) != key:
             stage.bound.bind_array(name, array)
             stage.shapes[name] = key
 
@@ -209,7 +211,7 @@ class Executor:
         stage.shapes[info.name] = shape
 
     def _read_logits(self, n: int) -> np.ndarray:
-        stage = next(s for s in self.stages if s.plan.logits is not None)
+        stage = self._logits_stage
         if self.plan.vocab_size is None:
             logits = stage.bound.output(stage.plan.logits.name).numpy()
         else:

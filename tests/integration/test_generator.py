@@ -281,3 +281,20 @@ def test_seeded_sampling_is_reproducible() -> None:
 
     assert sampled(7) == sampled(7)
     assert sampled(7) != sampled(8)
+
+
+def test_set_logits_keeps_the_cache_consistent_with_the_sequence() -> None:
+    model = smollm2_2layers()
+    generator = _generator(model, max_length=30)
+    generator.append_tokens(PROMPT)
+    generator.generate_next_token()  # its token is not run yet
+    forced = np.full(model.vocab_size, -1.0, np.float32)
+    forced[123] = 5.0
+    generator.set_logits(forced)  # replaces the forward pass of that pending token
+    generator.generate_next_token()
+    logits = generator.get_logits()[0, 0]  # runs both unrun tokens
+    assert generator.kv_cache.length == len(PROMPT) + 2
+
+    fresh = _generator(model, max_length=30)
+    fresh.append_tokens(generator.get_sequence(0))
+    np.testing.assert_allclose(logits, fresh.get_logits()[0, 0], atol=1e-3)

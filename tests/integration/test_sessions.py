@@ -62,22 +62,24 @@ def test_clear_providers_runs_on_cpu() -> None:
     assert model.sessions["decoder"].get_providers() == ["CPUExecutionProvider"]
 
 
-def test_build_requires_is_checked_before_loading(tmp_path) -> None:
+def _write_v2_decoder(folder, session_options: dict) -> None:
+    """A v2 config extending the decoder preset, its one session with these options."""
     doc = {
         "version": 2,
         "pipeline": {
             "extends": "autoregressive-decoder",
-            "sessions": {
-                "decoder": {
-                    "file": "model.onnx",
-                    "session_options": {"build_requires": {"onnxruntime": ">=99.0"}},
-                }
-            },
+            "sessions": {"decoder": {"file": "model.onnx", "session_options": session_options}},
+            # The graph leaves the head size symbolic ('kv_cache_dim'): the config states it.
+            "state": {"kv_cache": {"head_size": 64}},
         },
         "tokens": {"eos": [2], "pad": 2},
         "generation": {"max_length": 32},
     }
-    (tmp_path / "genai_config.json").write_text(json.dumps(doc))
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+
+
+def test_build_requires_is_checked_before_loading(tmp_path) -> None:
+    _write_v2_decoder(tmp_path, {"build_requires": {"onnxruntime": ">=99.0"}})
     with pytest.raises(og.UnsupportedError, match=r"needs onnxruntime >=99\.0"):
         og.Model(tmp_path)
 
@@ -86,26 +88,8 @@ def test_v2_runtime_options_are_applied(tmp_path) -> None:
     source = require_shared("models", "smollm2-135m-instruct-int4-2layers")
     for name in ("model.onnx", "model.onnx.data"):
         (tmp_path / name).write_bytes((source / name).read_bytes())  # copies, not hard links
-    doc = {
-        "version": 2,
-        "pipeline": {
-            "extends": "autoregressive-decoder",
-            "sessions": {
-                "decoder": {
-                    "file": "model.onnx",
-                    "session_options": {
-                        "runtime": {"intra_op_num_threads": 1, "execution_mode": "sequential"},
-                        "build_requires": {"onnxruntime": ">=1.20"},
-                    },
-                }
-            },
-            # The graph leaves the head size symbolic ('kv_cache_dim'): the config states it.
-            "state": {"kv_cache": {"head_size": 64}},
-        },
-        "tokens": {"eos": [2], "pad": 2},
-        "generation": {"max_length": 32},
-    }
-    (tmp_path / "genai_config.json").write_text(json.dumps(doc))
+    runtime = {"intra_op_num_threads": 1, "execution_mode": "sequential"}
+    _write_v2_decoder(tmp_path, {"runtime": runtime, "build_requires": {"onnxruntime": ">=1.20"}})
     model = og.Model(tmp_path)
     assert model.sessions["decoder"].get_session_options().intra_op_num_threads == 1
     generator = og.Generator(model, og.GeneratorParams(model))
