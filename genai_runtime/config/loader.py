@@ -162,13 +162,41 @@ def _reject_constant(name: str) -> Any:
 
 
 def _parse_json(text: str, source: str) -> Any:
+    duplicated: dict[int, list[str]] = {}  # id(object) -> keys it repeats
+
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) < len(pairs):
+            seen: set[str] = set()
+            duplicated[id(obj)] = [k for k, _ in pairs if k in seen or seen.add(k)]
+        return obj
+
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        doc = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=pairs_hook)
     except json.JSONDecodeError as exc:
         message = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         raise ConfigError([ConfigProblem("", message)], source) from None
     except ValueError as exc:
         raise ConfigError([ConfigProblem("", f"invalid JSON: {exc}")], source) from None
+    if duplicated:  # json.loads keeps the last of repeated keys: silently losing the others
+        problems = [
+            ConfigProblem(json_path([*parts, key]), "key repeated in the same object")
+            for parts, obj in _objects(doc, [])
+            for key in duplicated.get(id(obj), ())
+        ]
+        raise ConfigError(problems, source)
+    return doc
+
+
+def _objects(node: Any, parts: list[str | int]) -> Iterable[tuple[list[str | int], dict]]:
+    """Every JSON object in a document, with its path."""
+    if isinstance(node, dict):
+        yield parts, node
+        for key, value in node.items():
+            yield from _objects(value, [*parts, key])
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _objects(value, [*parts, i])
 
 
 def _parse_yaml(text: str, source: str) -> Any:

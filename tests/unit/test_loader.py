@@ -352,3 +352,17 @@ def test_wrong_type_in_any_numeric_field_is_reported_at_its_path(
     with pytest.raises(ConfigError) as info:
         validate_document(mutated, config_version(mutated))
     assert json_path(parts) in str(info.value)
+
+
+def test_repeated_keys_are_an_error_naming_their_path(tmp_path: Path) -> None:
+    """json.loads would keep the last of two same-named stages and silently drop the first."""
+    text = (
+        '{"model": {"type": "x", "context_length": 8, "decoder": {"filename": "a.onnx",'
+        ' "pipeline": [{"stage": {"filename": "a.onnx"}, "stage": {"filename": "b.onnx"}}]}}}'
+    )
+    (tmp_path / "genai_config.json").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_document(tmp_path)
+    assert [str(p) for p in err.value.problems] == [
+        "model.decoder.pipeline[0].stage: key repeated in the same object"
+    ]
