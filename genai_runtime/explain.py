@@ -58,6 +58,7 @@ def explain_spec(
         "tokens": _tokens(spec),
         "generation": generation_changes(spec.generation),
         "kv_cache_config": _non_default(spec.state.kv_cache),
+        "notes": list(spec.metadata.get("translation_notes", ())),
         "graphs": None,
     }
     if plan is not None:
@@ -250,6 +251,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         add("strategy: " + _pairs(report["strategy"]))
     add("tokens: " + _pairs(report["tokens"]))
     add("generation (differs from defaults): " + (_pairs(report["generation"]) or "(none)"))
+    lines += [f"note: {note}" for note in report.get("notes", ())]
 
     graphs = report.get("graphs")
     if graphs is None:

@@ -298,3 +298,17 @@ def test_set_logits_keeps_the_cache_consistent_with_the_sequence() -> None:
     fresh = _generator(model, max_length=30)
     fresh.append_tokens(generator.get_sequence(0))
     np.testing.assert_allclose(logits, fresh.get_logits()[0, 0], atol=1e-3)
+
+
+def test_generators_sharing_a_model_do_not_interfere() -> None:
+    model = smollm2_2layers()
+    alone = _generator(model, max_length=30)
+    alone.append_tokens(PROMPT)
+    expected = _run(alone, 12)
+    a, b = _generator(model, max_length=30), _generator(model, max_length=30)
+    a.append_tokens(PROMPT)
+    b.append_tokens(PROMPT[:4])
+    for _ in range(12):
+        a.generate_next_token()
+        b.generate_next_token()
+    assert a.get_sequence(0).tolist() == expected
