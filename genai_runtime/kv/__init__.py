@@ -27,9 +27,11 @@ KNOWN_PATTERNS = (
 
 __all__ = [
     "CACHE_KINDS",
+    "KNOWN_PATTERNS",
     "KVCache",
     "KVLayout",
     "KVPlan",
+    "configured_kv_pattern",
     "detect_layout",
     "make_cache",
     "plan_cache",
@@ -52,6 +54,10 @@ def _configured_patterns(kv: KVCacheSpec, session: SessionSpec) -> tuple | None:
 
 
 def _layers(pattern: str, names: Mapping[str, TensorInfo]) -> int:
+    if "%d" not in pattern:  # one name for every layer cannot be counted (or told apart)
+        raise ConfigError(
+            [ConfigProblem("pipeline.state.kv_cache", f"KV name pattern {pattern!r} has no %d")]
+        )
     count = 0
     while pattern.replace("%d", str(count)) in names:
         count += 1

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..config.spec import FlowStep, PipelineSpec, SessionSpec, Wire
 from ..errors import ModelError
-from ..kv import KVLayout, configured_kv_pattern, detect_layout
+from ..kv import KNOWN_PATTERNS, KVLayout, configured_kv_pattern, detect_layout
 from .graph_io import SessionIO, TensorInfo
 
 # Roles the runtime fills itself, with onnxruntime-genai's default tensor names.
@@ -208,20 +208,15 @@ def _role_problems(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> list[str
 
 
 def _check_kv_configured(spec: PipelineSpec, ios, layout: KVLayout | None) -> None:
+    """No step stage has a KV cache: fine, unless the config renamed one the graph lacks
+    (conventional names are builder boilerplate, listed even for stateless graphs)."""
     if layout is not None:
         return
+    conventional = {patterns[0] for patterns in KNOWN_PATTERNS}
     for step in spec.steps("step"):
         pattern = configured_kv_pattern(spec.state.kv_cache, spec.sessions[step.run])
         io = ios[step.run]
-        if (
-            pattern
-            and "%d" in pattern
-            and pattern
-            not in (
-                "past_key_values.%d.key",
-                "past_%d",
-            )
-        ):
+        if pattern and "%d" in pattern and pattern not in conventional:
             first = pattern.replace("%d", "0")
             raise ModelError(
                 f"{io.file}: the config names KV input {first!r} (pattern {pattern!r}) but the "

@@ -15,7 +15,7 @@ import tiny_models
 from tiny_models import write_config
 
 from genai_runtime.config import load
-from genai_runtime.errors import ModelError
+from genai_runtime.errors import ConfigError, ModelError
 from genai_runtime.model import Model
 from genai_runtime.runtime.graph_io import SessionIO
 from genai_runtime.runtime.plan import build_plan, graph_problems
@@ -249,3 +249,29 @@ def test_pipeline_model_tiny_fixture_loads(fixtures_dir: Path) -> None:
     assert sources["past_key_values.0.key"] == "kv"
     assert "user" not in sources.values()  # every input has a source the runtime owns
     assert model.vocab_size == 16
+
+
+def test_kv_pattern_without_layer_index_is_a_config_error(tmp_path: Path) -> None:
+    """A pattern with no %d names one tensor for every layer: refused, not looped over."""
+    folder = tmp_path / "m"
+    tiny_models.decoder(folder / "model.onnx")  # one layer: past_key_values.0.key, ...
+    doc = {
+        "model": {
+            "type": "x",
+            "context_length": 16,
+            "decoder": {
+                "filename": "model.onnx",
+                "inputs": {
+                    "past_key_names": "past_key_values.0.key",
+                    "past_value_names": "past_key_values.0.value",
+                },
+                "outputs": {
+                    "present_key_names": "present.0.key",
+                    "present_value_names": "present.0.value",
+                },
+            },
+        }
+    }
+    tiny_models.write_config(folder, doc)
+    with pytest.raises(ConfigError, match="has no %d"):
+        Model(folder)
