@@ -40,8 +40,7 @@ def translate_v1(doc: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"version": 2}
     if "$schema" in doc:
         out["$schema"] = doc["$schema"]
-    pipeline = _pipeline(model)
-    notes = pipeline.pop("__notes__", [])
+    pipeline, notes = _pipeline(model)
     spec = _speculative(model, doc.get("speculative"), pipeline)
     if spec:
         pipeline["strategy"] = spec
@@ -155,7 +154,8 @@ def _kv_state(decoder: dict[str, Any]) -> dict[str, Any]:
     return kv
 
 
-def _pipeline(model: dict[str, Any]) -> dict[str, Any]:
+def _pipeline(model: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The v2 pipeline block for a v1 ``model``, and notes on what could not be translated."""
     decoder = model.get("decoder", {})
     sessions: dict[str, Any] = {}
     flow: list[dict[str, Any]] = []
@@ -216,8 +216,6 @@ def _pipeline(model: dict[str, Any]) -> dict[str, Any]:
         flow.append(step)
 
     pipeline: dict[str, Any] = {"sessions": sessions}
-    if notes:
-        pipeline["__notes__"] = notes
     if extends is None and list(sessions) == ["decoder"]:
         extends = "autoregressive-decoder"
     if extends:
@@ -237,7 +235,7 @@ def _pipeline(model: dict[str, Any]) -> dict[str, Any]:
         state["cross_cache"] = {"source": "encoder", "frozen": True}
     if state:
         pipeline["state"] = state
-    return pipeline
+    return pipeline, notes
 
 
 def _pipeline_stages(decoder: dict[str, Any]) -> list[dict[str, Any]]:
