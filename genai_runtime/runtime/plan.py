@@ -104,8 +104,11 @@ def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
     for step in spec.flow:
         session = spec.sessions[step.run]
         io = ios[step.run]
+        # The self-attention cache belongs to the step phase; other phases feed it no state.
         stage_layout = detect_layout(io, spec.state.kv_cache, session)
-        if stage_layout is not None and step.when == "step":
+        if step.when != "step":
+            stage_layout = None
+        if stage_layout is not None:
             if layout is not None and layout.past != stage_layout.past:
                 raise ModelError(
                     f"{io.file}: its KV cache ({stage_layout.pattern}) differs from "
