@@ -21,14 +21,13 @@ from typing import Any
 import numpy as np
 
 from .config import load, to_v2
-from .config.loader import load_document, validate_document
+from .config.loader import find_config_file, load_document, validate_document
 from .config.spec import PipelineSpec
 from .errors import ConfigError, GenaiRuntimeError, GenerationError
 from .kv import plan_cache
 from .routing import classify
-from .runtime.graph_io import SessionIO
 from .runtime.plan import Plan, build_plan, graph_problems
-from .runtime.sessions import create_session
+from .runtime.sessions import load_sessions
 
 V2_SCHEMA_NAME = "genai_config.v2.schema.json"
 _FILLER = "The quick brown fox jumps over the lazy dog. "
@@ -236,17 +235,9 @@ class GraphCheck:
 
 def check_graphs(spec: PipelineSpec) -> GraphCheck:
     """Load every session (without running it) and list every config/graph mismatch."""
-    model_dir = spec.model_dir or Path(".")
-    ios: dict[str, SessionIO] = {}
-    errors: list[str] = []
+    _, ios, failures = load_sessions(spec, spec.sessions)  # every session: report them all
+    errors = [str(exc) for exc in failures]
     warnings: list[str] = []
-    for name, session in spec.sessions.items():
-        try:
-            loaded = create_session(session, model_dir / session.file, model_dir)
-        except GenaiRuntimeError as exc:  # keep going: report every session's problem
-            errors.append(str(exc))
-            continue
-        ios[name] = SessionIO.of(loaded, session.file)
     errors += graph_problems(spec, ios)
     if errors:
         return GraphCheck(None, errors, warnings)
@@ -267,7 +258,6 @@ def check_graphs(spec: PipelineSpec) -> GraphCheck:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    loaded = load_document(args.path)
     spec = load(args.path, preset_dirs=args.presets, root=args.root)
     route = classify(spec)
     if not args.config_only:
@@ -278,14 +268,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
             for error in check.errors:
                 print(f"error: {error}", file=sys.stderr)
             return 1
-    print(f"ok: {args.path} (v{loaded.version}, route {route.kind})")
+    print(f"ok: {args.path} (v{spec.source_version}, route {route.kind})")
     return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import explain_spec, format_report
 
-    loaded = load_document(args.path)
     spec = load(args.path, preset_dirs=args.presets, root=args.root)
     plan, note = None, "--config-only"
     if not args.config_only:
@@ -293,7 +282,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         plan = check.plan
         note = "; ".join(check.errors) or None
     report = explain_spec(
-        spec, plan=plan, source=str(loaded.path), version=loaded.version, graph_note=note
+        spec,
+        plan=plan,
+        source=str(find_config_file(args.path)),
+        version=spec.source_version,
+        graph_note=note,
     )
     if args.json:
         print(json.dumps(report, indent=2, default=str))

@@ -18,7 +18,7 @@ from .errors import ConfigError, TrustError, UnsupportedError
 from .routing import Route, classify
 from .runtime.graph_io import SessionIO
 from .runtime.plan import Plan, build_plan
-from .runtime.sessions import create_session
+from .runtime.sessions import load_sessions
 
 PathLike = str | os.PathLike
 
@@ -116,14 +116,12 @@ class Model:
             )
         if spec.plugin is not None:
             raise UnsupportedError("pipeline.plugin is not supported yet")
-        self.sessions: dict[str, ort.InferenceSession] = {}
-        self.ios: dict[str, SessionIO] = {}
-        for name in dict.fromkeys(step.run for step in spec.flow):
-            session_spec = spec.sessions[name]
-            path = self.model_dir / session_spec.file
-            session = create_session(session_spec, path, self.model_dir, trust=trust_remote_code)
-            self.sessions[name] = session
-            self.ios[name] = SessionIO.of(session, session_spec.file)
+        names = dict.fromkeys(step.run for step in spec.flow)
+        sessions, ios, errors = load_sessions(spec, names, trust=trust_remote_code)
+        if errors:
+            raise errors[0]
+        self.sessions: dict[str, ort.InferenceSession] = sessions
+        self.ios: dict[str, SessionIO] = ios
         self.plan: Plan = build_plan(spec, self.ios)
 
     @property

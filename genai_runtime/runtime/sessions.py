@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import onnxruntime as ort
 
-from ..config.spec import SessionOptionsSpec, SessionSpec
-from ..errors import ModelError, TrustError, UnsupportedError
+from ..config.spec import PipelineSpec, SessionOptionsSpec, SessionSpec
+from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError
+from .graph_io import SessionIO
 
 # genai_config provider names -> onnxruntime execution providers.
 PROVIDERS = {
@@ -143,6 +145,32 @@ def create_session(
     except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{where}.file: cannot load {path}: {reason}") from exc
+
+
+def load_sessions(
+    spec: PipelineSpec, names: Iterable[str], *, trust: bool = False
+) -> tuple[dict[str, ort.InferenceSession], dict[str, SessionIO], list[GenaiRuntimeError]]:
+    """Create the named sessions (none is run) and read their I/O.
+
+    Every session is attempted, so a caller can report all failures (``validate``) or the
+    first (``Model``).
+    """
+    model_dir = spec.model_dir or Path(".")
+    sessions: dict[str, ort.InferenceSession] = {}
+    ios: dict[str, SessionIO] = {}
+    errors: list[GenaiRuntimeError] = []
+    for name in names:
+        session_spec = spec.sessions[name]
+        try:
+            session = create_session(
+                session_spec, model_dir / session_spec.file, model_dir, trust=trust
+            )
+        except GenaiRuntimeError as exc:
+            errors.append(exc)
+            continue
+        sessions[name] = session
+        ios[name] = SessionIO.of(session, session_spec.file)
+    return sessions, ios, errors
 
 
 def run_options(entries: dict[str, str] | None) -> ort.RunOptions | None:
