@@ -79,9 +79,6 @@ class Plan:
     layout: KVLayout | None
     vocab_size: int | None
 
-    def phase(self, when: str) -> tuple[StagePlan, ...]:
-        return tuple(s for s in self.stages if s.step.when == when)
-
 
 def role_name(session: SessionSpec, role: str) -> str:
     table = INPUT_ROLES if role in INPUT_ROLES else OUTPUT_ROLES

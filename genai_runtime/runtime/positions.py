@@ -98,6 +98,3 @@ class PositionState:
         out = self._pos_out[: self.batch_size * n].reshape(self.batch_size, n)
         out[...] = self._pos[:, start : self.length]
         return out
-
-    def mask_history(self) -> np.ndarray:
-        return self._mask[:, : self.length]
