@@ -191,6 +191,9 @@ class Generator:
             raise GenerationError(
                 f"sequence is already at max_length ({self.max_length}); nothing to generate"
             )
+        if self._logits is None and self._eos_seen.all():
+            self._next[:] = self.pad_token_id  # every row has ended: pad, as the reference does
+            return
         if self._logits is None:
             self._logits = self._forward(self._pending)
             self._pending = None
@@ -211,14 +214,19 @@ class Generator:
         if hit.any():
             self._eos_seen |= hit
             self._any_eos = True
+        self._next[:] = tokens
+        self._logits = None
+        if self._eos_seen.all():
+            # As the reference: the step that ends the last row is reported by get_next_tokens
+            # but not appended, and never runs (token_count excludes it).
+            self._done = True
+            return
         self._seq[:, self._length] = tokens
         self._length += 1
-        self._next[:] = tokens
         # Logits set by hand skip a forward pass: earlier unrun tokens then run with this one.
         step = tokens[:, None]
         self._pending = step if self._pending is None else np.hstack([self._pending, step])
-        self._logits = None
-        self._done = bool(self._eos_seen.all()) or self._length >= self.max_length
+        self._done = self._length >= self.max_length
 
     def is_done(self) -> bool:
         return self._logits is None and self._done
@@ -262,6 +270,8 @@ class Generator:
             raise GenerationError(
                 "with batch_size > 1, rewind_to needs 0 or a length past the padded prompt"
             )
+        if length == self._length and self._done and self._pending is None:
+            return  # as the reference: a no-op, so a finished generator stays done
         if length == 0:
             self._exec.rewind_to(0)
             self._pending = None
@@ -270,8 +280,9 @@ class Generator:
             self._pending = self._seq[:, length - 1 : length].copy()
         self._length = length
         self._logits = None
-        self._eos_seen = self._is_eos[self._seq[:, :length]].any(axis=1)
-        self._any_eos = bool(self._eos_seen.any())
+        # As the reference: EOS ids in the kept prefix (a chat prompt holds some) end nothing.
+        self._eos_seen[:] = False
+        self._any_eos = False
         self._done = False
 
     def get_output(self, name: str) -> np.ndarray:
