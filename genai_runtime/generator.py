@@ -18,6 +18,7 @@ import onnxruntime as ort
 from .config.spec import GenerationSpec
 from .decoding.processors import make_chain
 from .decoding.sampling import greedy, make_rng, sample
+from .environment import LOG, log
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .kv import plan_cache
 from .model import Model
@@ -216,6 +217,8 @@ class Generator:
             self._any_eos = True
         self._next[:] = tokens
         self._logits = None
+        if LOG.enabled:
+            self._log_step(hit)
         if self._eos_seen.all():
             # As the reference: the step that ends the last row is reported by get_next_tokens
             # but not appended, and never runs (token_count excludes it).
@@ -318,6 +321,15 @@ class Generator:
         return self._exec.cache
 
     # -- internals -------------------------------------------------------------------------
+
+    def _log_step(self, hit: np.ndarray) -> None:
+        if LOG.generate_next_token:
+            log("generate_next_token", f"next tokens {self._next.tolist()}")
+        if LOG.hit_eos:
+            for row in np.flatnonzero(hit):
+                log("hit_eos", f"EOS seen on batch {int(row)}")
+        if LOG.hit_max_length and self._length + 1 >= self.max_length:
+            log("hit_max_length", f"sequence reached max_length {self.max_length}")
 
     def _as_batch(self, tokens: Any) -> np.ndarray:
         array = np.asarray(tokens)

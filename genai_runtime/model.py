@@ -7,7 +7,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import onnxruntime as ort
 
@@ -21,6 +21,17 @@ from .runtime.plan import Plan, build_plan
 from .runtime.sessions import load_sessions
 
 PathLike = str | os.PathLike
+
+# onnxruntime execution provider -> onnxruntime-genai's Model.device_type.
+DEVICE_TYPES = {
+    "CPUExecutionProvider": "CPU",
+    "CUDAExecutionProvider": "CUDA",
+    "DmlExecutionProvider": "DML",
+    "WebGpuExecutionProvider": "WebGPU",
+    "QNNExecutionProvider": "QNN",
+    "OpenVINOExecutionProvider": "OpenVINO",
+    "ROCMExecutionProvider": "ROCm",
+}
 
 
 class Config:
@@ -131,7 +142,16 @@ class Model:
 
     @property
     def device_type(self) -> str:
-        return "cpu"
+        """The reference's name for the device the first session runs on ("CPU", "CUDA", ...)."""
+        first = next(iter(self.sessions.values()), None)
+        provider = first.get_providers()[0] if first is not None else "CPUExecutionProvider"
+        return DEVICE_TYPES.get(provider, provider.removesuffix("ExecutionProvider"))
+
+    def create_multimodal_processor(self) -> NoReturn:
+        raise UnsupportedError(
+            "create_multimodal_processor is not implemented yet: genai_runtime has no "
+            "image/audio processor; feed precomputed inputs with Generator.set_model_input"
+        )
 
     @property
     def tokens(self):
