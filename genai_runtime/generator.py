@@ -23,6 +23,7 @@ from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedE
 from .kv import plan_cache
 from .model import Model
 from .runtime.executor import Executor
+from .runtime.plan import logits_problem
 
 # onnxruntime-genai's search options (+ min_p), with the type each takes.
 SEARCH_OPTIONS: dict[str, type] = {
@@ -125,6 +126,8 @@ class Generator:
             )
         if search.max_length <= 0:
             raise GenerationError("max_length is not set (generation.max_length / search)")
+        if all(stage.logits is None for stage in model.plan.stages):
+            raise logits_problem(spec, model.ios) or ModelError("no stage outputs logits")
         vocab = model.vocab_size
         if vocab is None:
             raise ModelError("the logits' vocabulary size is neither in the graph nor the config")

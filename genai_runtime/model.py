@@ -133,7 +133,8 @@ class Model:
             raise errors[0]
         self.sessions: dict[str, ort.InferenceSession] = sessions
         self.ios: dict[str, SessionIO] = ios
-        self.plan: Plan = build_plan(spec, self.ios)
+        # Loads without logits (hidden-states-only exports); Generator reports that gap.
+        self.plan: Plan = build_plan(spec, self.ios, require_logits=False)
 
     @property
     def type(self) -> str:

@@ -200,10 +200,15 @@ class Executor:
         if vocab is None:
             stage.bound.bind_output_alloc(info.name)
             return
-        shape = (self.batch_size, n, vocab) if info.rank == 3 else (self.batch_size, vocab)
+        if info.rank == 3:
+            # A graph with a pruned lm_head declares [B, 1, V]: last position only, any n.
+            rows = 1 if info.static_dim(1) == 1 else n
+            shape: tuple[int, ...] = (self.batch_size, rows, vocab)
+        else:
+            shape = (self.batch_size, vocab)
         if stage.shapes.get(info.name) == shape:
             return  # a decode pass: the same buffer stays bound
-        size = self.batch_size * vocab * (n if info.rank == 3 else 1)
+        size = int(np.prod(shape))
         if self._logits_buf.size < size or self._logits_buf.dtype != info.dtype:
             self._logits_buf = np.empty(size, info.dtype)
         self._logits_out = self._logits_buf[:size].reshape(shape)
@@ -218,7 +223,7 @@ class Executor:
             logits = self._logits_out
         if logits.ndim == 2:
             rows = logits
-        elif n == 1:
+        elif logits.shape[1] == 1:  # one token, or a pruned lm_head (the graph picked the row)
             rows = logits[:, 0, :]
         else:
             rows = logits[np.arange(self.batch_size), self.positions.last_index]
