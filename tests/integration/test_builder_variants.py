@@ -100,3 +100,35 @@ def test_exclude_embeds_loads_and_generation_names_the_embeddings_input() -> Non
     generator = genai_runtime.Generator(model, params)
     with pytest.raises(GenaiRuntimeError, match="inputs_embeds"):
         generator.append_tokens(np.array([1, 9690, 198], dtype=np.int32))
+
+
+def test_pruned_lm_head_tiny_graph_matches_numpy(tmp_path: Path) -> None:
+    """Logits declared [B, 1, V] are bound as such on a multi-token prompt pass too (the
+    failure was "invalid dimensions for output: logits ... Got: 5 Expected: 1")."""
+    import tiny_models
+
+    rng = np.random.default_rng(6)
+    vocab = tiny_models.VOCAB
+    table = rng.standard_normal((vocab, vocab)).astype(np.float32)
+    prompt = np.array([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
+    # NumPy reference: each next token is the argmax of the table row of the last one.
+    expected = prompt.tolist()
+    for row in expected:
+        while len(row) < 12:
+            row.append(int(np.argmax(table[row[-1]])))
+    eos = min(set(range(1, vocab)) - {t for row in expected for t in row})  # never generated
+    folder = tmp_path / "pruned"
+    tiny_models.pruned_decoder(folder / "model.onnx", table)
+    decoder = {"filename": "model.onnx"}
+    config = {"type": "x", "context_length": 32, "eos_token_id": eos, "pad_token_id": 0}
+    tiny_models.write_config(folder, {"model": {**config, "decoder": decoder}})
+    model = genai_runtime.Model(folder)
+    params = genai_runtime.GeneratorParams(model)
+    params.set_search_options(max_length=12, batch_size=2)
+    generator = genai_runtime.Generator(model, params)
+    generator.append_tokens(prompt)
+    np.testing.assert_allclose(generator.get_logits()[:, 0, :], table[prompt[:, -1]])
+    assert generator.get_output("logits").shape == (2, 1, vocab)
+    while not generator.is_done():
+        generator.generate_next_token()
+    assert [generator.get_sequence(i).tolist() for i in range(2)] == expected
