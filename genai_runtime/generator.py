@@ -195,7 +195,7 @@ class Generator:
             raise GenerationError(
                 f"sequence is already at max_length ({self.max_length}); nothing to generate"
             )
-        if self._logits is None and self._eos_seen.all():
+        if self._logits is None and self._any_eos and self._eos_seen.all():
             self._next[:] = self.pad_token_id  # every row has ended: pad, as the reference does
             return
         if self._logits is None:
@@ -222,7 +222,7 @@ class Generator:
         self._logits = None
         if LOG.enabled:
             self._log_step(hit)
-        if self._eos_seen.all():
+        if self._any_eos and self._eos_seen.all():
             # As the reference: the step that ends the last row is reported by get_next_tokens
             # but not appended, and never runs (token_count excludes it).
             self._done = True
