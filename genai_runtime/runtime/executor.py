@@ -31,7 +31,9 @@ class _Stage:
             plan.name, session, plan.io, run_options(dict(plan.session.options.run_options))
         )
         self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per input/output
+        self.bound_arrays: dict[str, np.ndarray] = {}  # the array object bound per input
         self.role_feeds = plan.feeds_from("role")
+        self.dtypes = {f.name: f.info.dtype for f in self.role_feeds}  # read once, used per token
         self.wire_feeds = plan.feeds_from("wire")
         self.user_feeds = plan.feeds_from("user")
         self.has_kv = bool(plan.feeds_from("kv"))
@@ -137,7 +139,7 @@ class Executor:
         for feed in stage.role_feeds:
             role = feed.role
             if role == "input_ids":
-                ids = self._ids_buffer(feed.info.dtype, tokens)
+                ids = self._ids_buffer(stage.dtypes[feed.name], tokens)
                 self._bind(stage, feed.name, ids)
             elif role == "attention_mask":
                 self._bind(stage, feed.name, self.positions.mask())
@@ -172,10 +174,13 @@ class Executor:
     def _bind(self, stage: _Stage, name: str, array: np.ndarray) -> None:
         """Bind by pointer; a buffer whose pointer and shape are unchanged stays bound (its
         contents are read at run time, so updating it in place is enough)."""
+        if stage.bound_arrays.get(name) is array:
+            return  # the same object: same pointer and shape (a decode pass's ids buffer)
         key = (array.__array_interface__["data"][0], array.shape)
         if stage.shapes.get(name) != key:
             stage.bound.bind_array(name, array)
             stage.shapes[name] = key
+        stage.bound_arrays[name] = array
 
     def _ids_buffer(self, dtype: np.dtype, tokens: np.ndarray) -> np.ndarray:
         shape = tokens.shape
