@@ -252,6 +252,11 @@ class Generator:
         """Logits for the next token, ``[B, 1, V]``; runs any pending token first."""
         if self._logits is None:
             if self._pending is None:
+                if self._any_eos and self._eos_seen.all():
+                    raise GenerationError(
+                        "no logits: generation ended on EOS (the EOS is not run); call "
+                        "append_tokens or rewind_to first"
+                    )
                 raise GenerationError("no logits: call append_tokens first")
             self._logits = self._forward(self._pending)
             self._pending = None

@@ -86,6 +86,10 @@ def test_after_eos_generate_pads_and_rewind_to_the_end_keeps_it_done() -> None:
         runs.append((count, after, generator.is_done(), generator.get_sequence(0).tolist()))
     assert runs[0] == runs[1]
     assert runs[0][2] is True
+    generator, _ = _smollm2_run(genai_runtime)
+    _trace(generator)
+    with pytest.raises(genai_runtime.GenerationError, match="ended on EOS"):
+        generator.get_logits()
 
 
 def test_rewind_after_eos_regenerates_the_same_reply() -> None:
