@@ -183,10 +183,15 @@ def main(argv: list[str] | None = None) -> int:
               f"failed {c['failed']:3d}")  # fmt: skip
     if len(sides) == 2:
         ours, ref = (results[s] for s in SIDES)
-        differ = sorted(t for t in set(ours) | set(ref) if ours.get(t) != ref.get(t))
-        print(f"\ntests whose outcome differs ({len(differ)}):")
-        for test in differ:
-            print(f"  {test}: genai_runtime {ours.get(test, '-')}, reference {ref.get(test, '-')}")
+        for name, a, b in (("reference", ref, ours), ("genai_runtime", ours, ref)):
+            other = "genai_runtime" if name == "reference" else "reference"
+            only = sorted(t for t, v in a.items() if v == "passed" and b.get(t) != "passed")
+            print(f"\npassed on {name}, not on {other} ({len(only)}):")
+            for test in only:
+                print(f"  {test}: {other} {b.get(test, 'not collected')}")
+        # Device-parametrized ids follow each side's is_*_available answers.
+        skipped_only = [t for t in set(ours) ^ set(ref) if (ours.get(t) or ref.get(t)) == "skipped"]
+        print(f"\nskipped ids collected on one side only (device parameters): {len(skipped_only)}")
     if args.json:
         meta = {"source": args.source, "rev": args.rev, "missing_blobs": missing}
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
