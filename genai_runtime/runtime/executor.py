@@ -33,7 +33,8 @@ class _Stage:
         self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per input/output
         self.bound_arrays: dict[str, np.ndarray] = {}  # the array object bound per input
         self.role_feeds = plan.feeds_from("role")
-        self.dtypes = {f.name: f.info.dtype for f in self.role_feeds}  # read once, used per token
+        # The ids dtype, read once (used per token).
+        self.dtypes = {f.name: f.info.dtype for f in self.role_feeds if f.role == "input_ids"}
         self.wire_feeds = plan.feeds_from("wire")
         self.user_feeds = plan.feeds_from("user")
         self.has_kv = bool(plan.feeds_from("kv"))
