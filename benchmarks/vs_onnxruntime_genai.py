@@ -84,7 +84,11 @@ def _time_generation(
 
 
 def _genai_callables(
-    og: Any, model_dir: str, prompt_ids: list[int], threads: int | None = None
+    og: Any,
+    model_dir: str,
+    prompt_ids: list[int],
+    threads: int | None = None,
+    overlay: str | None = None,
 ) -> tuple[Any, Callable]:
     """Load an onnxruntime-genai-compatible module's model; return it and a runner factory."""
     import numpy as np
@@ -93,6 +97,8 @@ def _genai_callables(
     if threads is not None:  # the same genai_config overlay on both sides
         options = {"session_options": {"intra_op_num_threads": threads}}
         config.overlay(json.dumps({"model": {"decoder": options}}))
+    if overlay:  # a candidate setting, measured alone (ours only)
+        config.overlay(overlay)
     model = og.Model(config)
     prompt = np.asarray(prompt_ids, dtype=np.int32)
 
@@ -172,6 +178,7 @@ def run_worker(
     timed: int,
     warmup: int,
     threads: int | None = None,
+    overlay: str | None = None,
 ) -> dict[str, Any]:
     """Load, warm up, time ``timed`` generations; return medians and peak RSS."""
     t0 = time.perf_counter()
@@ -179,7 +186,7 @@ def run_worker(
     if side == "ours":
         import genai_runtime as og
 
-        _, runner = _genai_callables(og, model_dir, prompt_ids, threads)
+        _, runner = _genai_callables(og, model_dir, prompt_ids, threads, overlay)
     elif side == "reference":
         import onnxruntime_genai as og
 
@@ -262,6 +269,8 @@ def spawn(side: str, args: argparse.Namespace, ids_json: str) -> dict[str, Any]:
     ]  # fmt: skip
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
+    if args.ours_overlay and side == "ours":
+        cmd += ["--ours-overlay", args.ours_overlay]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
@@ -360,7 +369,7 @@ def print_table(summary: dict[str, Any], sides: list[str], meta: dict[str, Any])
             print(f"warning: {side} ru_maxrss {maxrss:.1f} MiB != VmHWM {hwm:.1f} MiB")
 
 
-def run_driver(args: argparse.Namespace) -> None:
+def run_driver(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     chat = args.chat or args.prompt is None
     text = DEFAULT_QUESTION if args.prompt is None else args.prompt
     cmd = [sys.executable, str(Path(__file__).resolve()), args.model_dir, "--worker", TOKENIZE]
@@ -425,11 +434,52 @@ def run_driver(args: argparse.Namespace) -> None:
         },
     }
     print_table(summary, sides, meta)
+    meta["ours_overlay"] = args.ours_overlay
     if args.json:
         Path(args.json).write_text(
             json.dumps({"meta": meta, "summary": summary, "rounds": rounds}, indent=2) + "\n"
         )
         print(f"wrote {args.json}")
+    return summary, meta
+
+
+# The README's equal-thread table: (label, model folder); extra models live under
+# $GENAI_RUNTIME_MODELS (default ~/genai-models/onnx), as the tests find them.
+_MODELS_ROOT = Path(os.environ.get("GENAI_RUNTIME_MODELS", "~/genai-models/onnx")).expanduser()
+TABLE_MODELS = (
+    ("int4", DEFAULT_MODEL),
+    ("fp32", _MODELS_ROOT / "smollm2-135m-instruct-fp32"),
+)
+
+
+def run_table(args: argparse.Namespace) -> None:
+    """Run the driver for 1 and 2 threads on the int4 and fp32 SmolLM2 (each present folder)
+    and print the README table rows: ours/reference medians with the per-round range."""
+    rows = []
+    for label, folder in TABLE_MODELS:
+        if not (Path(folder) / "genai_config.json").is_file():
+            print(f"skipping {label}: no model at {folder}")
+            continue
+        for threads in (1, 2, None):  # None: each side's default settings
+            run = argparse.Namespace(**{**vars(args), "model_dir": str(folder), "threads": threads,
+                                        "json": None})  # fmt: skip
+            summary, meta = run_driver(run)
+            cells = []
+            for key in ("prefill_tok_s", "decode_tok_s", "load_s"):
+                r = summary[key]["ours/reference"]
+                cells.append(f"{r['median']:.3f} ({r['min']:.3f}..{r['max']:.3f})")
+            same = "yes" if meta["parity"]["ours"] else "NO"
+            rows.append(
+                f"| SmolLM2-135M {label} | {threads or 'default'} | "
+                + " | ".join(cells)
+                + f" | {same} |"
+            )
+    print(
+        "\n| model | threads | prefill ours/ref | decode ours/ref | load ours/ref | same tokens |"
+    )
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(row)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -446,6 +496,15 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         help="intra-op threads for every side (default: each side's own default)",
     )
+    parser.add_argument(
+        "--ours-overlay",
+        help="genai_config JSON overlaid on ours only: measure one candidate setting alone",
+    )
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="README table: 1 and 2 threads on the int4 and fp32 SmolLM2 (ratios only)",
+    )
     # Worker-side options (the driver passes them through).
     parser.add_argument("--worker", choices=(*SIDES, TOKENIZE), help=argparse.SUPPRESS)
     parser.add_argument("--prompt-ids", help=argparse.SUPPRESS)
@@ -461,9 +520,11 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--worker needs --prompt-ids")
         result = run_worker(
             args.worker, args.model_dir, json.loads(args.prompt_ids), args.new_tokens,
-            args.timed, args.warmup_tokens, args.threads,
+            args.timed, args.warmup_tokens, args.threads, args.ours_overlay,
         )  # fmt: skip
         print(json.dumps(result))
+    elif args.table:
+        run_table(args)
     else:
         run_driver(args)
 

@@ -7,6 +7,18 @@ The public API is call-compatible with onnxruntime-genai's Python API::
     tokenizer = og.Tokenizer(model)
 """
 
+from .environment import (
+    disable_telemetry_events,
+    enable_telemetry_events,
+    is_cuda_available,
+    is_dml_available,
+    is_openvino_available,
+    is_qnn_available,
+    is_rocm_available,
+    is_webgpu_available,
+    set_log_callback,
+    set_log_options,
+)
 from .errors import (
     ConfigError,
     GenaiRuntimeError,
@@ -18,24 +30,40 @@ from .errors import (
     UnsupportedError,
 )
 from .generator import Generator, GeneratorParams
+from .media import Audios, Images
 from .model import Config, Model
+from .tensors import NamedTensors, Tensor
 from .tokenizer import Tokenizer, TokenizerStream
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Audios",
     "Config",
     "ConfigError",
     "GenaiRuntimeError",
     "GenerationError",
     "Generator",
     "GeneratorParams",
+    "Images",
     "Model",
     "ModelError",
+    "NamedTensors",
     "PathEscapeError",
+    "Tensor",
     "Tokenizer",
     "TokenizerError",
     "TokenizerStream",
     "TrustError",
     "UnsupportedError",
+    "disable_telemetry_events",
+    "enable_telemetry_events",
+    "is_cuda_available",
+    "is_dml_available",
+    "is_openvino_available",
+    "is_qnn_available",
+    "is_rocm_available",
+    "is_webgpu_available",
+    "set_log_callback",
+    "set_log_options",
 ]

@@ -18,10 +18,12 @@ import onnxruntime as ort
 from .config.spec import GenerationSpec
 from .decoding.processors import make_chain
 from .decoding.sampling import greedy, make_rng, sample
+from .environment import LOG, log
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .kv import plan_cache
 from .model import Model
 from .runtime.executor import Executor
+from .runtime.plan import logits_problem
 
 # onnxruntime-genai's search options (+ min_p), with the type each takes.
 SEARCH_OPTIONS: dict[str, type] = {
@@ -124,6 +126,8 @@ class Generator:
             )
         if search.max_length <= 0:
             raise GenerationError("max_length is not set (generation.max_length / search)")
+        if all(stage.logits is None for stage in model.plan.stages):
+            raise logits_problem(spec, model.ios) or ModelError("no stage outputs logits")
         vocab = model.vocab_size
         if vocab is None:
             raise ModelError("the logits' vocabulary size is neither in the graph nor the config")
@@ -191,6 +195,9 @@ class Generator:
             raise GenerationError(
                 f"sequence is already at max_length ({self.max_length}); nothing to generate"
             )
+        if self._logits is None and self._any_eos and self._eos_seen.all():
+            self._next[:] = self.pad_token_id  # every row has ended: pad, as the reference does
+            return
         if self._logits is None:
             self._logits = self._forward(self._pending)
             self._pending = None
@@ -211,14 +218,21 @@ class Generator:
         if hit.any():
             self._eos_seen |= hit
             self._any_eos = True
+        self._next[:] = tokens
+        self._logits = None
+        if LOG.enabled:
+            self._log_step(hit)
+        if self._any_eos and self._eos_seen.all():
+            # As the reference: the step that ends the last row is reported by get_next_tokens
+            # but not appended, and never runs (token_count excludes it).
+            self._done = True
+            return
         self._seq[:, self._length] = tokens
         self._length += 1
-        self._next[:] = tokens
         # Logits set by hand skip a forward pass: earlier unrun tokens then run with this one.
         step = tokens[:, None]
         self._pending = step if self._pending is None else np.hstack([self._pending, step])
-        self._logits = None
-        self._done = bool(self._eos_seen.all()) or self._length >= self.max_length
+        self._done = self._length >= self.max_length
 
     def is_done(self) -> bool:
         return self._logits is None and self._done
@@ -238,6 +252,11 @@ class Generator:
         """Logits for the next token, ``[B, 1, V]``; runs any pending token first."""
         if self._logits is None:
             if self._pending is None:
+                if self._any_eos and self._eos_seen.all():
+                    raise GenerationError(
+                        "no logits: generation ended on EOS (the EOS is not run); call "
+                        "append_tokens or rewind_to first"
+                    )
                 raise GenerationError("no logits: call append_tokens first")
             self._logits = self._forward(self._pending)
             self._pending = None
@@ -262,6 +281,8 @@ class Generator:
             raise GenerationError(
                 "with batch_size > 1, rewind_to needs 0 or a length past the padded prompt"
             )
+        if length == self._length and self._done and self._pending is None:
+            return  # as the reference: a no-op, so a finished generator stays done
         if length == 0:
             self._exec.rewind_to(0)
             self._pending = None
@@ -270,8 +291,9 @@ class Generator:
             self._pending = self._seq[:, length - 1 : length].copy()
         self._length = length
         self._logits = None
-        self._eos_seen = self._is_eos[self._seq[:, :length]].any(axis=1)
-        self._any_eos = bool(self._eos_seen.any())
+        # As the reference: EOS ids in the kept prefix (a chat prompt holds some) end nothing.
+        self._eos_seen[:] = False
+        self._any_eos = False
         self._done = False
 
     def get_output(self, name: str) -> np.ndarray:
@@ -307,6 +329,15 @@ class Generator:
         return self._exec.cache
 
     # -- internals -------------------------------------------------------------------------
+
+    def _log_step(self, hit: np.ndarray) -> None:
+        if LOG.generate_next_token:
+            log("generate_next_token", f"next tokens {self._next.tolist()}")
+        if LOG.hit_eos:
+            for row in np.flatnonzero(hit):
+                log("hit_eos", f"EOS seen on batch {int(row)}")
+        if LOG.hit_max_length and self._length + 1 >= self.max_length:
+            log("hit_max_length", f"sequence reached max_length {self.max_length}")
 
     def _as_batch(self, tokens: Any) -> np.ndarray:
         array = np.asarray(tokens)

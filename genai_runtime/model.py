@@ -7,7 +7,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import onnxruntime as ort
 
@@ -21,6 +21,17 @@ from .runtime.plan import Plan, build_plan
 from .runtime.sessions import load_sessions
 
 PathLike = str | os.PathLike
+
+# onnxruntime execution provider -> onnxruntime-genai's Model.device_type.
+DEVICE_TYPES = {
+    "CPUExecutionProvider": "CPU",
+    "CUDAExecutionProvider": "CUDA",
+    "DmlExecutionProvider": "DML",
+    "WebGpuExecutionProvider": "WebGPU",
+    "QNNExecutionProvider": "QNN",
+    "OpenVINOExecutionProvider": "OpenVINO",
+    "ROCMExecutionProvider": "ROCm",
+}
 
 
 class Config:
@@ -122,7 +133,8 @@ class Model:
             raise errors[0]
         self.sessions: dict[str, ort.InferenceSession] = sessions
         self.ios: dict[str, SessionIO] = ios
-        self.plan: Plan = build_plan(spec, self.ios)
+        # Loads without logits (hidden-states-only exports); Generator reports that gap.
+        self.plan: Plan = build_plan(spec, self.ios, require_logits=False)
 
     @property
     def type(self) -> str:
@@ -131,7 +143,16 @@ class Model:
 
     @property
     def device_type(self) -> str:
-        return "cpu"
+        """The reference's name for the device the first session runs on ("CPU", "CUDA", ...)."""
+        first = next(iter(self.sessions.values()), None)
+        provider = first.get_providers()[0] if first is not None else "CPUExecutionProvider"
+        return DEVICE_TYPES.get(provider, provider.removesuffix("ExecutionProvider"))
+
+    def create_multimodal_processor(self) -> NoReturn:
+        raise UnsupportedError(
+            "create_multimodal_processor is not implemented yet: genai_runtime has no "
+            "image/audio processor; feed precomputed inputs with Generator.set_model_input"
+        )
 
     @property
     def tokens(self):

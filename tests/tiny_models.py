@@ -95,6 +95,29 @@ def decoder(
     return _save(graph, path)
 
 
+def pruned_decoder(path: Path, table: np.ndarray) -> Path:
+    """A cache-free decoder exported like the builder's ``prune_lm_head=true``: logits
+    ``[batch, 1, vocab]`` = ``table[input_ids[:, -1]]`` whatever the number of tokens."""
+    vocab = table.shape[1]
+    ids = helper.make_tensor_value_info("input_ids", INT64, ["batch", "seq"])
+    mask = helper.make_tensor_value_info("attention_mask", INT64, ["batch", "total_seq"])
+    logits = helper.make_tensor_value_info("logits", FLOAT, ["batch", 1, vocab])
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["all_logits"]),
+        helper.make_node("Gather", ["all_logits", "last"], ["picked"], axis=1),
+        helper.make_node("Unsqueeze", ["picked", "axis1"], ["logits"]),
+    ]
+    initializers = [
+        numpy_helper.from_array(table.astype(np.float32), "table"),
+        numpy_helper.from_array(np.array(-1, np.int64), "last"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny_pruned_decoder", [ids, mask], [logits], initializer=initializers
+    )
+    return _save(graph, path)
+
+
 def embeddings(
     path: Path, *, output: str = "inputs_embeds", dtype: int = FLOAT, vocab: int = VOCAB
 ) -> Path:

@@ -31,7 +31,10 @@ class _Stage:
             plan.name, session, plan.io, run_options(dict(plan.session.options.run_options))
         )
         self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per input/output
+        self.bound_arrays: dict[str, np.ndarray] = {}  # the array object bound per input
         self.role_feeds = plan.feeds_from("role")
+        # The ids dtype, read once (used per token).
+        self.dtypes = {f.name: f.info.dtype for f in self.role_feeds if f.role == "input_ids"}
         self.wire_feeds = plan.feeds_from("wire")
         self.user_feeds = plan.feeds_from("user")
         self.has_kv = bool(plan.feeds_from("kv"))
@@ -137,7 +140,7 @@ class Executor:
         for feed in stage.role_feeds:
             role = feed.role
             if role == "input_ids":
-                ids = self._ids_buffer(feed.info.dtype, tokens)
+                ids = self._ids_buffer(stage.dtypes[feed.name], tokens)
                 self._bind(stage, feed.name, ids)
             elif role == "attention_mask":
                 self._bind(stage, feed.name, self.positions.mask())
@@ -172,10 +175,13 @@ class Executor:
     def _bind(self, stage: _Stage, name: str, array: np.ndarray) -> None:
         """Bind by pointer; a buffer whose pointer and shape are unchanged stays bound (its
         contents are read at run time, so updating it in place is enough)."""
+        if stage.bound_arrays.get(name) is array:
+            return  # the same object: same pointer and shape (a decode pass's ids buffer)
         key = (array.__array_interface__["data"][0], array.shape)
         if stage.shapes.get(name) != key:
             stage.bound.bind_array(name, array)
             stage.shapes[name] = key
+        stage.bound_arrays[name] = array
 
     def _ids_buffer(self, dtype: np.dtype, tokens: np.ndarray) -> np.ndarray:
         shape = tokens.shape
@@ -200,10 +206,15 @@ class Executor:
         if vocab is None:
             stage.bound.bind_output_alloc(info.name)
             return
-        shape = (self.batch_size, n, vocab) if info.rank == 3 else (self.batch_size, vocab)
+        if info.rank == 3:
+            # A graph with a pruned lm_head declares [B, 1, V]: last position only, any n.
+            rows = 1 if info.static_dim(1) == 1 else n
+            shape: tuple[int, ...] = (self.batch_size, rows, vocab)
+        else:
+            shape = (self.batch_size, vocab)
         if stage.shapes.get(info.name) == shape:
             return  # a decode pass: the same buffer stays bound
-        size = self.batch_size * vocab * (n if info.rank == 3 else 1)
+        size = int(np.prod(shape))
         if self._logits_buf.size < size or self._logits_buf.dtype != info.dtype:
             self._logits_buf = np.empty(size, info.dtype)
         self._logits_out = self._logits_buf[:size].reshape(shape)
@@ -218,7 +229,7 @@ class Executor:
             logits = self._logits_out
         if logits.ndim == 2:
             rows = logits
-        elif n == 1:
+        elif logits.shape[1] == 1:  # one token, or a pruned lm_head (the graph picked the row)
             rows = logits[:, 0, :]
         else:
             rows = logits[np.arange(self.batch_size), self.positions.last_index]

@@ -85,9 +85,14 @@ def role_name(session: SessionSpec, role: str) -> str:
     return session.inputs.get(role) or session.outputs.get(role) or table[role]
 
 
-def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
+def build_plan(
+    spec: PipelineSpec, ios: Mapping[str, SessionIO], *, require_logits: bool = True
+) -> Plan:
     """Resolve every stage's inputs and outputs against the graphs; raise ModelError on a
-    mismatch (wire endpoint, renamed role tensor or configured KV name the graph lacks)."""
+    mismatch (wire endpoint, renamed role tensor or configured KV name the graph lacks).
+
+    ``require_logits=False`` accepts a pipeline with no logits output (e.g. a builder export
+    with ``exclude_lm_head``): it loads, and creating a Generator reports the gap."""
     problems = graph_problems(spec, ios)
     if problems:
         raise ModelError(
@@ -97,7 +102,12 @@ def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
         )
     stages = []
     layout = None
-    logits_stage = _logits_stage(spec, ios)
+    try:
+        logits_stage = _logits_stage(spec, ios)
+    except ModelError:
+        if require_logits:
+            raise
+        logits_stage = None
     for step in spec.flow:
         session = spec.sessions[step.run]
         io = ios[step.run]
@@ -136,6 +146,15 @@ def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
         if stage.logits is not None:
             vocab = stage.logits.static_dim(stage.logits.rank - 1)
     return Plan(tuple(stages), layout, vocab or spec.model.vocab_size)
+
+
+def logits_problem(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> ModelError | None:
+    """The error a pipeline without a logits output gets (None when it has one)."""
+    try:
+        _logits_stage(spec, ios)
+    except ModelError as exc:
+        return exc
+    return None
 
 
 def _logits_stage(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> str:

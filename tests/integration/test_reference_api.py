@@ -59,4 +59,4 @@ def test_model_generate_streams_text() -> None:
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     chunks = list(model.generate(messages, max_length=50))
     assert "".join(chunks).startswith("The capital of France is Paris")
-    assert model.type == "llama" and model.device_type == "cpu"
+    assert model.type == "llama" and model.device_type == "CPU"
