@@ -19,20 +19,26 @@ from .errors import (
 )
 from .generator import Generator, GeneratorParams
 from .model import Config, Model
+from .multimodal import Audios, Images, MultiModalProcessor, NamedTensors, Tensor
 from .tokenizer import Tokenizer, TokenizerStream
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Audios",
     "Config",
     "ConfigError",
     "GenaiRuntimeError",
     "GenerationError",
     "Generator",
     "GeneratorParams",
+    "Images",
     "Model",
     "ModelError",
+    "MultiModalProcessor",
+    "NamedTensors",
     "PathEscapeError",
+    "Tensor",
     "Tokenizer",
     "TokenizerError",
     "TokenizerStream",

@@ -13,7 +13,6 @@ import numbers
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from .config.spec import GenerationSpec
 from .decoding.processors import make_chain
@@ -219,6 +218,8 @@ class Generator:
         self._pending = step if self._pending is None else np.hstack([self._pending, step])
         self._logits = None
         self._done = bool(self._eos_seen.all()) or self._length >= self.max_length
+        if self._done:
+            self._exec.finish()  # final-phase stages, once; their outputs via get_output()
 
     def is_done(self) -> bool:
         return self._logits is None and self._done
@@ -283,13 +284,25 @@ class Generator:
         raise GenerationError(f"no input {name!r} was set with set_model_input")
 
     def set_model_input(self, name: str, value: Any) -> None:
-        array = np.ascontiguousarray(value)
+        array = np.ascontiguousarray(value.as_numpy() if hasattr(value, "as_numpy") else value)
         known = {f.name for s in self.model.plan.stages for f in s.feeds}
         if name not in known:
             raise GenerationError(
                 f"no stage declares an input {name!r} (inputs: {', '.join(sorted(known))})"
             )
-        self._exec.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(array)
+        self._exec.set_input(name, array)
+
+    def set_inputs(self, inputs: Any) -> None:
+        """Set every named tensor (``og.NamedTensors`` or a dict); ``input_ids`` is the prompt,
+        appended (and run, init stages first) after the other inputs are in place."""
+        ids = None
+        for name, value in inputs.items():
+            if name == "input_ids":
+                ids = value.as_numpy() if hasattr(value, "as_numpy") else value
+            else:
+                self.set_model_input(name, value)
+        if ids is not None:
+            self.append_tokens(ids)
 
     # -- conveniences ----------------------------------------------------------------------
 

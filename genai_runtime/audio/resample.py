@@ -70,7 +70,9 @@ def _lfilter(num: np.ndarray, den: np.ndarray, x: np.ndarray) -> np.ndarray:
         ys = [0.0] * 5
         for i, v in enumerate(x.astype(np.float64)):
             xs = [float(v), *xs[:4]]
-            out = sum(num[k] * xs[k] for k in range(5)) - sum(den[k] * ys[k - 1] for k in range(1, 5))
+            out = sum(num[k] * xs[k] for k in range(5)) - sum(
+                den[k] * ys[k - 1] for k in range(1, 5)
+            )
             ys = [out, *ys[:4]]
             y[i] = out
         return y.astype(np.float32)

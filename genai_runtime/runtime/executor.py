@@ -2,8 +2,13 @@
 
 A pass feeds ``n`` new tokens per row: every stage whose phase and prompt/token flags match runs
 in flow order; inputs come from the runtime's roles (ids, mask, positions, length scalars), from
-wires (another stage's output of this pass), from the KV cache, or from the user. Buffers are
-allocated once and rebound only when a shape changes, so a one-token pass allocates nothing.
+wires (another stage's output of this pass), from the KV or cross-attention cache, or from the
+user. Buffers are allocated once and rebound only when a shape changes, so a one-token pass
+allocates nothing.
+
+Phases: ``init`` stages run before the first pass after their inputs are set (encoders, vision
+towers; ``loop: per_image`` runs one image at a time and concatenates), ``step`` stages every
+pass, ``final`` stages once when the generator finishes (``finish``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
 from ..kv import KVCache, KVPlan, make_cache
+from ..kv.cross import CrossCache
 from .bound import BoundSession
 from .plan import SCALAR_ROLES, Plan, StagePlan
 from .positions import PositionState
@@ -35,6 +41,9 @@ class _Stage:
         self.wire_feeds = plan.feeds_from("wire")
         self.user_feeds = plan.feeds_from("user")
         self.has_kv = bool(plan.feeds_from("kv"))
+        self.has_cross = bool(plan.feeds_from("cross"))
+        # Outputs of a per_image stage: concatenated over images, read instead of the binding.
+        self.joined: dict[str, ort.OrtValue] = {}
         claimed = set()
         if plan.layout is not None:
             claimed.update(n for layer in plan.layout.present for n in layer)
@@ -77,7 +86,13 @@ class Executor:
                 elif feed.role == "position_ids":
                     pos_dtype = feed.info.dtype
         self.positions = PositionState(batch_size, max_length, pad_token_id, mask_dtype, pos_dtype)
+        self.cross = CrossCache(plan.cross) if plan.cross is not None else None
         self.user_inputs: dict[str, ort.OrtValue] = {}
+        self._init_stages = [s for s in self.stages if s.step.when == "init"]
+        self._final_stages = [s for s in self.stages if s.step.when == "final"]
+        self._init_done = not self._init_stages
+        self._final_done = False
+        self._last_tokens = np.zeros((batch_size, 1), np.int64)
         self._ids: dict[tuple, np.ndarray] = {}
         self._scalars: dict[str, np.ndarray] = {}
         self._logits_buf = np.empty(0, np.float32)
@@ -100,16 +115,19 @@ class Executor:
                 f"{n} new tokens + {self.length} already processed exceed max_length "
                 f"{self.max_length}"
             )
-        first = self.length == 0
-        prompt_pass = first or n > 1
+        prompt_pass = self.length == 0 or n > 1
         start = self.length
         self.positions.update(tokens)
+        self._final_done = False
+        self._last_tokens = tokens
         try:
+            if not self._init_done:
+                for stage in self._init_stages:
+                    self._run_init(stage, tokens, start, n)
+                self._init_done = True
             for stage in self.stages:
                 step = stage.step
-                if step.when == "final" or (step.when == "init" and not first):
-                    continue
-                if step.when == "step" and not (
+                if step.when != "step" or not (
                     step.run_on_prompt if prompt_pass else step.run_on_token_gen
                 ):
                     continue
@@ -126,9 +144,91 @@ class Executor:
         return self._read_logits(n)
 
     def rewind_to(self, length: int) -> None:
+        """Forget tokens past ``length``; init outputs (cross cache, image features) stay."""
         self.positions.rewind_to(length)
         if self.cache is not None:
             self.cache.rewind_to(length)
+        self._final_done = False
+
+    def finish(self) -> None:
+        """Run the final-phase stages once for the current sequence (no-op if already run)."""
+        if self._final_done or not self._final_stages:
+            return
+        if self.length == 0:
+            raise GenerationError("final stages need at least one forward pass first")
+        n = self._last_tokens.shape[1]
+        for stage in self._final_stages:
+            self._feed(stage, self._last_tokens, self.length - n, n)
+            stage.bound.run()
+            stage.joined.clear()
+            self._last_run[stage.plan.name] = stage
+        self._final_done = True
+
+    def set_input(self, name: str, array: np.ndarray) -> None:
+        """A user tensor (``set_model_input`` / ``set_inputs``); init stages that read it rerun."""
+        readers = [s for s in self.stages if any(f.name == name for f in s.user_feeds)]
+        if not readers:
+            known = sorted({f.name for s in self.stages for f in s.user_feeds})
+            raise GenerationError(
+                f"no stage takes a user input named {name!r} (user inputs: "
+                f"{', '.join(known) or '(none)'})"
+            )
+        for stage in readers:
+            feed = next(f for f in stage.user_feeds if f.name == name)
+            _check_user_tensor(stage, feed, array, self.batch_size)
+        self.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+        if any(s.step.when == "init" for s in readers):
+            self._init_done = False
+
+    # -- init phase ------------------------------------------------------------------------
+
+    def _run_init(self, stage: _Stage, tokens: np.ndarray, start: int, n: int) -> None:
+        if stage.step.loop == "per_image":
+            self._run_per_image(stage, tokens, start, n)
+        else:
+            self._feed(stage, tokens, start, n)
+            stage.bound.run()
+            stage.joined.clear()
+        self._last_run[stage.plan.name] = stage
+        if self.cross is not None and stage.plan.name == self.cross.layout.source:
+            self.cross.capture(stage.bound)
+
+    def _run_per_image(self, stage: _Stage, tokens: np.ndarray, start: int, n: int) -> None:
+        """One run per image (the user inputs' leading axis), outputs joined on axis 0."""
+        file = stage.plan.io.file
+        arrays = {}
+        for feed in stage.user_feeds:
+            if feed.name not in self.user_inputs:
+                raise GenerationError(
+                    f"{file} (loop per_image) needs input {feed.name!r} ({feed.info}): give the "
+                    "images with set_inputs / set_model_input"
+                )
+            arrays[feed.name] = self.user_inputs[feed.name].numpy()
+        counts = {name: a.shape[0] if a.ndim else 0 for name, a in arrays.items()}
+        if not counts or 0 in counts.values():
+            raise GenerationError(
+                f"{file} (loop per_image) has no images: inputs {counts or '(none)'} have no "
+                "leading image axis to loop over"
+            )
+        if len(set(counts.values())) > 1:
+            raise GenerationError(f"{file} (loop per_image): image counts differ: {counts}")
+        pieces: dict[str, list[np.ndarray]] = {name: [] for name in stage.plan.io.outputs}
+        saved = {name: self.user_inputs[name] for name in arrays}
+        try:
+            for i in range(next(iter(counts.values()))):
+                for name, array in arrays.items():
+                    piece = np.ascontiguousarray(array[i : i + 1])
+                    self.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(piece)
+                self._feed(stage, tokens, start, n)
+                stage.bound.run()
+                for name in pieces:
+                    pieces[name].append(stage.bound.output(name).numpy())
+        finally:
+            self.user_inputs.update(saved)
+        stage.joined = {
+            name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(np.concatenate(parts)))
+            for name, parts in pieces.items()
+        }
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -155,16 +255,18 @@ class Executor:
             source = self._last_run.get(feed.wire.src)
             if source is None:
                 raise GenerationError(f"wire {feed.wire}: {feed.wire.src!r} has not run yet")
-            bound.bind_value(feed.name, source.bound.output(feed.wire.src_tensor))
+            bound.bind_value(feed.name, _output(source, feed.wire.src_tensor))
         for feed in stage.user_feeds:
             if feed.name not in self.user_inputs:
                 raise GenerationError(
                     f"{stage.plan.io.file} needs input {feed.name!r} ({feed.info}), which no "
-                    "role, wire or cache provides: set it with set_model_input()"
+                    "role, wire or cache provides: set it with set_inputs() / set_model_input()"
                 )
             bound.bind_value(feed.name, self.user_inputs[feed.name])
         if stage.has_kv and self.cache is not None:
             self.cache.bind(bound, n)
+        if stage.has_cross and self.cross is not None:
+            self.cross.bind(bound)
         if stage.plan.logits is not None:
             self._bind_logits(stage, n)
         stage.bind_alloc_outputs()
@@ -232,5 +334,37 @@ class Executor:
             logits = stage.plan.logits
             if logits is not None and name == logits.name and self._logits_out is not None:
                 return self._logits_out.copy()
-            return stage.bound.output(name).numpy().copy()
+            return _output(stage, name).numpy().copy()
         raise GenerationError(f"no stage has run with an output named {name!r}")
+
+
+def _output(stage: _Stage, name: str) -> ort.OrtValue:
+    joined = stage.joined.get(name)
+    return joined if joined is not None else stage.bound.output(name)
+
+
+def _check_user_tensor(stage: _Stage, feed, array: np.ndarray, batch: int) -> None:
+    """Rank, dtype, fixed dims and a batch axis of the generator's batch size."""
+    file, info = stage.plan.io.file, feed.info
+    if array.ndim != info.rank:
+        raise GenerationError(
+            f"{file}: input {feed.name!r} expects rank {info.rank} ({info}), got shape "
+            f"{array.shape}"
+        )
+    if array.dtype != info.dtype:
+        raise GenerationError(
+            f"{file}: input {feed.name!r} expects {info.dtype} ({info}), got {array.dtype}"
+        )
+    for axis, dim in enumerate(info.shape):
+        if isinstance(dim, int) and dim >= 0 and array.shape[axis] != dim:
+            raise GenerationError(
+                f"{file}: input {feed.name!r} expects {dim} on axis {axis} ({info}), got shape "
+                f"{array.shape}"
+            )
+    first = info.shape[0] if info.shape else None
+    if stage.step.loop != "per_image" and isinstance(first, str) and "batch" in first.lower():
+        if array.shape[0] != batch:
+            raise GenerationError(
+                f"{file}: input {feed.name!r} has batch {array.shape[0]} on axis 0 but the "
+                f"generator's batch_size is {batch}"
+            )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..config.spec import FlowStep, PipelineSpec, SessionSpec, Wire
 from ..errors import ModelError
 from ..kv import KNOWN_PATTERNS, KVLayout, configured_kv_pattern, detect_layout
+from ..kv.cross import CrossLayout, detect_cross
 from .graph_io import SessionIO, TensorInfo
 
 # Roles the runtime fills itself, with onnxruntime-genai's default tensor names.
@@ -49,7 +50,7 @@ class Feed:
     tensor the user must supply with ``set_model_input``."""
 
     name: str
-    source: str  # "role" | "wire" | "kv" | "user"
+    source: str  # "role" | "wire" | "kv" | "cross" | "user"
     info: TensorInfo
     role: str | None = None
     wire: Wire | None = None
@@ -78,6 +79,7 @@ class Plan:
     stages: tuple[StagePlan, ...]
     layout: KVLayout | None
     vocab_size: int | None
+    cross: CrossLayout | None = None
 
 
 def role_name(session: SessionSpec, role: str) -> str:
@@ -97,6 +99,7 @@ def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
         )
     stages = []
     layout = None
+    cross = None
     logits_stage = _logits_stage(spec, ios)
     for step in spec.flow:
         session = spec.sessions[step.run]
@@ -113,6 +116,20 @@ def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
                 )
             layout = stage_layout
         kv_names = {n for layer in stage_layout.past for n in layer} if stage_layout else set()
+        cross_names: frozenset[str] = frozenset()
+        source = step.cross_attention_from or (
+            spec.state.cross_cache.source if spec.state.cross_cache else None
+        )
+        if step.when == "step" and source in ios and source != step.run:
+            found = detect_cross(source, ios[source], spec.sessions[source], io, session)
+            if found is not None:
+                if cross is not None and cross.source != found.source:
+                    raise ModelError(
+                        f"{io.file}: cross-attends to {found.source!r}, another stage to "
+                        f"{cross.source!r}; one cross cache per pipeline"
+                    )
+                cross = found
+                cross_names = found.inputs
         feeds = []
         wired = {w.dst_tensor: w for w in spec.dataflow if w.dst == step.run}
         roles = {role_name(session, r): r for r in INPUT_ROLES}
@@ -121,6 +138,8 @@ def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
                 feeds.append(Feed(name, "wire", info, wire=wired[name]))
             elif name in kv_names:
                 feeds.append(Feed(name, "kv", info))
+            elif name in cross_names:
+                feeds.append(Feed(name, "cross", info))
             elif name in roles:
                 feeds.append(Feed(name, "role", info, role=roles[name]))
             else:
@@ -135,7 +154,7 @@ def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
     for stage in stages:
         if stage.logits is not None:
             vocab = stage.logits.static_dim(stage.logits.rank - 1)
-    return Plan(tuple(stages), layout, vocab or spec.model.vocab_size)
+    return Plan(tuple(stages), layout, vocab or spec.model.vocab_size, cross)
 
 
 def _logits_stage(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> str:
