@@ -1,9 +1,9 @@
 """Whisper log-mel features in NumPy, configured by the model's ``audio_processor_config.json``.
 
-Periodic Hann window, centered STFT (reflect padding on the left, silence on the right), power spectrum without the last frame,
-the Slaney-style mel bank Whisper uses, ``log10(max(x, 1e-10))`` clamped to ``max - 8`` and
-scaled ``(x + 4) / 4``; frames past the audio (up to ``chunk_size`` seconds) take the clamped
-minimum, and longer audio is trimmed.
+Periodic Hann window, centered STFT (reflect padding on the left, silence on the right), power
+spectrum without the last frame, the Slaney-style mel bank Whisper uses,
+``log10(max(x, 1e-10))`` clamped to ``max - 8`` and scaled ``(x + 4) / 4``; frames past the
+audio (up to ``chunk_size`` seconds) take the clamped minimum; longer audio is trimmed.
 """
 
 from __future__ import annotations

@@ -88,8 +88,8 @@ def _kaiser(length: int) -> np.ndarray:
 
 def _interpolate(x: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     factor = np.float32(rate_out) / np.float32(rate_in)
-    size = int(math.ceil(np.float32(x.size) * factor))
-    reach = int(math.ceil(_BETA / (2.0 * float(factor))))
+    size = math.ceil(float(np.float32(x.size) * factor))
+    reach = math.ceil(_BETA / (2.0 * float(factor)))
     index = np.arange(size, dtype=np.float32) / factor  # float32, as the reference
     base = index.astype(np.int64)
     out = np.empty(size, np.float32)

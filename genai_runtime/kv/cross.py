@@ -16,7 +16,8 @@ from ..runtime.graph_io import SessionIO
 
 # (decoder input role, its default pattern, encoder output role, its default pattern)
 _ROLES = (
-    ("cross_past_key_names", "past_key_cross_%d", "cross_present_key_names", "present_key_cross_%d"),
+    ("cross_past_key_names", "past_key_cross_%d", "cross_present_key_names",
+     "present_key_cross_%d"),
     ("cross_past_value_names", "past_value_cross_%d", "cross_present_value_names",
      "present_value_cross_%d"),
 )  # fmt: skip

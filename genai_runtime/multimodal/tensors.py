@@ -41,7 +41,7 @@ class Tensor:
 
 
 class NamedTensors:
-    """An ordered name -> Tensor mapping (``processor(...)`` returns one; ``set_inputs`` takes one)."""
+    """Ordered name -> Tensor: what ``processor(...)`` returns and ``set_inputs`` takes."""
 
     def __init__(self, items: dict[str, Any] | None = None):
         self._items: dict[str, Tensor] = {}

@@ -362,9 +362,9 @@ def _check_user_tensor(stage: _Stage, feed, array: np.ndarray, batch: int) -> No
                 f"{array.shape}"
             )
     first = info.shape[0] if info.shape else None
-    if stage.step.loop != "per_image" and isinstance(first, str) and "batch" in first.lower():
-        if array.shape[0] != batch:
-            raise GenerationError(
-                f"{file}: input {feed.name!r} has batch {array.shape[0]} on axis 0 but the "
-                f"generator's batch_size is {batch}"
-            )
+    batched = isinstance(first, str) and "batch" in first.lower()
+    if stage.step.loop != "per_image" and batched and array.shape[0] != batch:
+        raise GenerationError(
+            f"{file}: input {feed.name!r} has batch {array.shape[0]} on axis 0 but the "
+            f"generator's batch_size is {batch}"
+        )
