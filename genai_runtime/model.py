@@ -151,13 +151,15 @@ class Model:
         self,
         audio: PathLike | Sequence[PathLike],
         *,
-        prompt: str = "<|startoftranscript|><|notimestamps|>",
+        prompt: str | None = None,
         **search_options: Any,
     ) -> str | list[str]:
         """Greedy transcript of one audio file (a str) or several (a list, one batch)."""
         from .generator import Generator, GeneratorParams
         from .multimodal import Audios
+        from .multimodal.processor import TRANSCRIBE_PROMPT
 
+        prompt = TRANSCRIBE_PROMPT if prompt is None else prompt
         paths = [audio] if isinstance(audio, (str, os.PathLike)) else list(audio)
         processor = self.create_multimodal_processor()
         inputs = processor(prompt, audios=Audios.open(*paths))

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from ..model import Model
 
 AUDIO_CONFIG = "audio_processor_config.json"
+# Whisper's decoder prompt for an English transcript without timestamps.
+TRANSCRIBE_PROMPT = "<|startoftranscript|><|notimestamps|>"
 
 
 class MultiModalProcessor:

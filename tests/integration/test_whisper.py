@@ -174,3 +174,12 @@ def test_bad_audio_input_is_a_clear_error_and_the_generator_stays_usable(
     generator.set_inputs(dict(reference_features))  # still usable
     (row,) = _run(generator)
     assert _strip_final_eos(row) == golden["output_ids"]
+
+
+def test_cli_run_transcribes_an_audio_file(
+    whisper_dir: Path, jfk: Path, golden: dict, capsys
+) -> None:
+    from genai_runtime.cli import main
+
+    assert main(["run", str(whisper_dir), "--audio", str(jfk)]) == 0
+    assert capsys.readouterr().out.strip() == golden["text"].strip()
