@@ -355,7 +355,10 @@ def _check_user_tensor(stage: _Stage, feed, array: np.ndarray, batch: int) -> No
         raise GenerationError(
             f"{file}: input {feed.name!r} expects {info.dtype} ({info}), got {array.dtype}"
         )
+    per_image = stage.step.loop == "per_image"  # the graph sees one image (axis 0) at a time
     for axis, dim in enumerate(info.shape):
+        if per_image and axis == 0:
+            continue
         if isinstance(dim, int) and dim >= 0 and array.shape[axis] != dim:
             raise GenerationError(
                 f"{file}: input {feed.name!r} expects {dim} on axis {axis} ({info}), got shape "
@@ -363,7 +366,7 @@ def _check_user_tensor(stage: _Stage, feed, array: np.ndarray, batch: int) -> No
             )
     first = info.shape[0] if info.shape else None
     batched = isinstance(first, str) and "batch" in first.lower()
-    if stage.step.loop != "per_image" and batched and array.shape[0] != batch:
+    if not per_image and batched and array.shape[0] != batch:
         raise GenerationError(
             f"{file}: input {feed.name!r} has batch {array.shape[0]} on axis 0 but the "
             f"generator's batch_size is {batch}"
