@@ -148,6 +148,7 @@ class Generator:
             batch_size=self.batch_size,
             max_length=self.max_length,
             pad_token_id=spec.tokens.pad,
+            tokens=spec.tokens,
         )
         self._chain = make_chain(search, eos_token_ids=spec.tokens.eos, vocab_size=vocab)
         self._greedy = search.is_greedy

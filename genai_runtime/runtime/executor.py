@@ -18,11 +18,12 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 
+from ..config.spec import TokensSpec
 from ..errors import GenerationError, ModelError
 from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
 from .bound import BoundSession
-from .plan import SCALAR_ROLES, Plan, StagePlan
+from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan, StagePlan, role_name
 from .positions import PositionState
 from .sessions import run_options
 
@@ -44,6 +45,16 @@ class _Stage:
         self.has_cross = bool(plan.feeds_from("cross"))
         # Outputs of a per_image stage: concatenated over images, read instead of the binding.
         self.joined: dict[str, ort.OrtValue] = {}
+        self.recurrent = []  # (input, output feeding it next pass)
+        for feed in self.role_feeds:
+            if feed.role in RECURRENT_ROLES:
+                out = role_name(plan.session, RECURRENT_ROLES[feed.role])
+                if out not in plan.io.outputs:
+                    raise ModelError(
+                        f"{plan.io.file}: recurrent input {feed.name!r} needs output {out!r} "
+                        f"({RECURRENT_ROLES[feed.role]}); outputs: {', '.join(plan.io.outputs)}"
+                    )
+                self.recurrent.append((feed.name, out))
         claimed = set()
         if plan.layout is not None:
             claimed.update(n for layer in plan.layout.present for n in layer)
@@ -70,8 +81,10 @@ class Executor:
         batch_size: int,
         max_length: int,
         pad_token_id: int | None,
+        tokens: TokensSpec | None = None,
     ):
         self.plan = plan
+        self._pad = pad_token_id
         self.batch_size = batch_size
         self.max_length = max_length
         self.stages = [_Stage(p, sessions[p.name]) for p in plan.stages]
@@ -89,6 +102,27 @@ class Executor:
         self.cross = CrossCache(plan.cross) if plan.cross is not None else None
         self.user_inputs: dict[str, ort.OrtValue] = {}
         self._init_stages = [s for s in self.stages if s.step.when == "init"]
+        # An init stage that reads the prompt (a text encoder): the prompt, with EOS appended per
+        # row, is its source; step stages start from the decoder start token and count their own
+        # positions. (onnxruntime-genai's encoder-decoder convention.)
+        self._source = any(f.role == "input_ids" for s in self._init_stages for f in s.role_feeds)
+        tokens = tokens or TokensSpec()
+        self._source_eos = tokens.eos[0] if tokens.eos else None
+        start_token = tokens.decoder_start if tokens.decoder_start is not None else tokens.bos
+        self._start_token = start_token
+        if self._source and (self._source_eos is None or start_token is None):
+            raise ModelError(
+                "an init stage reads input_ids (a text encoder): tokens.eos and tokens.bos (or "
+                "tokens.decoder_start) must be set"
+            )
+        self._step_positions = (
+            PositionState(batch_size, max_length, None, mask_dtype, pos_dtype)
+            if self._source
+            else self.positions
+        )
+        self._source_mask: np.ndarray | None = None
+        self._masks: dict[tuple, np.ndarray] = {}
+        self._recurrent: dict[str, ort.OrtValue] = {}
         self._final_stages = [s for s in self.stages if s.step.when == "final"]
         self._init_done = not self._init_stages
         self._final_done = False
@@ -120,11 +154,27 @@ class Executor:
         self.positions.update(tokens)
         self._final_done = False
         self._last_tokens = tokens
+        step_length = self._step_positions.length
+        seq_start = start
         try:
             if not self._init_done:
-                for stage in self._init_stages:
-                    self._run_init(stage, tokens, start, n)
+                if self._source:
+                    if start:
+                        raise GenerationError(
+                            "the encoder reads the prompt: rewind_to(0) before a new one"
+                        )
+                    source, self._source_mask = self._source_ids(tokens)
+                    for stage in self._init_stages:
+                        self._run_init(stage, source, 0, source.shape[1])
+                    tokens = np.full((self.batch_size, 1), self._start_token, np.int64)
+                    n = 1
+                else:
+                    for stage in self._init_stages:
+                        self._run_init(stage, tokens, start, n)
                 self._init_done = True
+            if self._source:
+                start = self._step_positions.length
+                self._step_positions.update(tokens)
             for stage in self.stages:
                 step = stage.step
                 if step.when != "step" or not (
@@ -134,21 +184,54 @@ class Executor:
                 self._feed(stage, tokens, start, n)
                 stage.bound.run()
                 self._last_run[stage.plan.name] = stage
+                for name, out in stage.recurrent:
+                    self._recurrent[name] = stage.bound.output(out)
                 if stage.has_kv and self.cache is not None:
                     self.cache.advance(stage.bound, n)
-        except Exception:
-            self.positions.rewind_to(start)  # the pass did not happen
+        except Exception:  # the pass did not happen
+            self.positions.rewind_to(seq_start)
+            self._step_positions.rewind_to(step_length)
             if self.cache is not None:
-                self.cache.rewind_to(start)
+                self.cache.rewind_to(step_length)
             raise
         return self._read_logits(n)
 
     def rewind_to(self, length: int) -> None:
         """Forget tokens past ``length``; init outputs (cross cache, image features) stay."""
+        if length >= self.length:
+            return
+        if self._source and length:
+            raise GenerationError(
+                f"cannot rewind to {length}: the encoder read the prompt, so only rewind_to(0) "
+                "(a new prompt) is possible"
+            )
+        if self._recurrent and length:
+            raise GenerationError(
+                f"cannot rewind to {length}: a recurrent state ({', '.join(self._recurrent)}) "
+                "only rewinds to 0"
+            )
         self.positions.rewind_to(length)
+        self._step_positions.rewind_to(length)
         if self.cache is not None:
             self.cache.rewind_to(length)
+        if length == 0:
+            self._recurrent.clear()
+            if self._source:
+                self._init_done = False  # the next prompt is a new source
         self._final_done = False
+
+    def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
+        real = self.positions.last_index + 1 if self.batch_size > 1 else [tokens.shape[1]]
+        width = tokens.shape[1] + 1
+        pad = self._pad if self._pad is not None else self._source_eos
+        ids = np.full((self.batch_size, width), pad, np.int64)
+        mask = np.zeros((self.batch_size, width), np.int64)
+        for row, count in enumerate(real):
+            ids[row, :count] = tokens[row, :count]
+            ids[row, count] = self._source_eos
+            mask[row, : count + 1] = 1
+        return ids, mask
 
     def finish(self) -> None:
         """Run the final-phase stages once for the current sequence (no-op if already run)."""
@@ -237,12 +320,28 @@ class Executor:
         for feed in stage.role_feeds:
             role = feed.role
             if role == "input_ids":
-                ids = self._ids_buffer(feed.info.dtype, tokens)
+                # Rank 1: one token per row (decoders that take [B] ids).
+                rows = tokens if feed.info.rank != 1 else tokens[:, -1]
+                ids = self._ids_buffer(feed.info.dtype, rows)
                 self._bind(stage, feed.name, ids)
+            elif role == "attention_mask" and self._source and stage.step.when == "init":
+                self._bind(stage, feed.name, self._cast_mask(feed, self._source_mask))
+            elif role == "encoder_attention_mask":
+                if self._source_mask is None:
+                    raise ModelError(
+                        f"{stage.plan.io.file}: input {feed.name!r} (encoder_attention_mask) "
+                        "needs an init stage that reads input_ids"
+                    )
+                self._bind(stage, feed.name, self._cast_mask(feed, self._source_mask))
             elif role == "attention_mask":
-                self._bind(stage, feed.name, self.positions.mask())
+                self._bind(stage, feed.name, self._step_positions.mask())
             elif role == "position_ids":
-                self._bind(stage, feed.name, self.positions.positions(n))
+                self._bind(stage, feed.name, self._step_positions.positions(n))
+            elif role in RECURRENT_ROLES:
+                state = self._recurrent.get(feed.name)
+                if state is None:
+                    state = self._recurrent[feed.name] = self._zeros(stage, feed)
+                bound.bind_value(feed.name, state)
             elif role in SCALAR_ROLES:
                 value = {"current_sequence_length": n, "total_sequence_length": start + n}
                 self._bind(stage, feed.name, self._scalar(feed, value.get(role, start)))
@@ -278,6 +377,27 @@ class Executor:
         if stage.shapes.get(name) != key:
             stage.bound.bind_array(name, array)
             stage.shapes[name] = key
+
+    def _cast_mask(self, feed, mask: np.ndarray) -> np.ndarray:
+        key = (feed.name, mask.__array_interface__["data"][0])
+        out = self._masks.get(key)
+        if out is None:  # one per source mask and input: kept alive while it is bound
+            out = self._masks[key] = np.ascontiguousarray(mask, feed.info.dtype)
+        return out
+
+    def _zeros(self, stage: _Stage, feed) -> ort.OrtValue:
+        shape = []
+        for dim in feed.info.shape:
+            if isinstance(dim, int) and dim >= 0:
+                shape.append(dim)
+            elif isinstance(dim, str) and "batch" in dim.lower():
+                shape.append(self.batch_size)
+            else:
+                raise ModelError(
+                    f"{stage.plan.io.file}: recurrent input {feed.info} has a dimension the "
+                    "runtime cannot size for its zero initial state"
+                )
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, feed.info.dtype))
 
     def _ids_buffer(self, dtype: np.dtype, tokens: np.ndarray) -> np.ndarray:
         shape = tokens.shape

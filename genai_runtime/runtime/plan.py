@@ -22,6 +22,10 @@ INPUT_ROLES = {
     "current_sequence_length": "current_sequence_length",
     "total_sequence_length": "total_sequence_length",
     "past_key_values_length": "past_key_values_length",
+    # Encoder-decoders over text: the encoder's mask, seen by the decoder.
+    "encoder_attention_mask": "encoder_attention_mask",
+    # A recurrent state: zeros on the first pass, then the stage's own output of the last pass.
+    "rnn_states_prev": "rnn_states_prev",
 }
 SCALAR_ROLES = (
     "past_sequence_length",
@@ -29,7 +33,9 @@ SCALAR_ROLES = (
     "total_sequence_length",
     "past_key_values_length",
 )
-OUTPUT_ROLES = {"logits": "logits"}
+OUTPUT_ROLES = {"logits": "logits", "rnn_states": "rnn_states"}
+# Recurrent input role -> the output role that feeds it on the next pass.
+RECURRENT_ROLES = {"rnn_states_prev": "rnn_states"}
 # Role-map keys that name KV patterns or other state, not single tensors checked here.
 _PATTERN_ROLES = {
     "past_key_names",
