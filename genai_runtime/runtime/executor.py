@@ -131,6 +131,7 @@ class Executor:
         self._scalars: dict[str, np.ndarray] = {}
         self._logits_buf = np.empty(0, np.float32)
         self._logits_out: np.ndarray | None = None
+        self._logits_views: dict[str, np.ndarray] = {}
         self._last_run: dict[str, _Stage] = {}
         self._logits_stage = next(s for s in self.stages if s.plan.logits is not None)
 
@@ -184,6 +185,8 @@ class Executor:
                 self._feed(stage, tokens, start, n)
                 stage.bound.run()
                 self._last_run[stage.plan.name] = stage
+                if stage.plan.logits is not None:
+                    self._logits_stage = stage
                 for name, out in stage.recurrent:
                     self._recurrent[name] = stage.bound.output(out)
                 if stage.has_kv and self.cache is not None:
@@ -423,14 +426,16 @@ class Executor:
             stage.bound.bind_output_alloc(info.name)
             return
         shape = (self.batch_size, n, vocab) if info.rank == 3 else (self.batch_size, vocab)
-        if stage.shapes.get(info.name) == shape:
-            return  # a decode pass: the same buffer stays bound
         size = self.batch_size * vocab * (n if info.rank == 3 else 1)
         if self._logits_buf.size < size or self._logits_buf.dtype != info.dtype:
             self._logits_buf = np.empty(size, info.dtype)
-        self._logits_out = self._logits_buf[:size].reshape(shape)
-        stage.bound.bind_output_array(info.name, self._logits_out)
-        stage.shapes[info.name] = shape
+        # Keyed by buffer too: with two logits stages (prefill/decode), one may have grown it.
+        key = (shape, self._logits_buf.__array_interface__["data"][0])
+        if stage.shapes.get(info.name) != key:
+            self._logits_views[stage.plan.name] = self._logits_buf[:size].reshape(shape)
+            stage.bound.bind_output_array(info.name, self._logits_views[stage.plan.name])
+            stage.shapes[info.name] = key
+        self._logits_out = self._logits_views[stage.plan.name]  # a decode pass: still bound
 
     def _read_logits(self, n: int) -> np.ndarray:
         stage = self._logits_stage

@@ -151,7 +151,9 @@ def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
             else:
                 feeds.append(Feed(name, "user", info))
         logits = None
-        if step.run == logits_stage:
+        # A prefill/decode split has one logits stage per kind of pass.
+        split = step.when == "step" and not (step.run_on_prompt and step.run_on_token_gen)
+        if step.run == logits_stage or (split and role_name(session, "logits") in io.outputs):
             logits = io.outputs[role_name(session, "logits")]
         outs = tuple(dict.fromkeys(w.src_tensor for w in spec.dataflow if w.src == step.run))
         stages.append(StagePlan(step, session, io, tuple(feeds), stage_layout, logits, outs))
