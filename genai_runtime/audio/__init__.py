@@ -1,6 +1,6 @@
 """Audio input for speech models: decode a file, resample to the model's rate, log-mel features.
 
-Decoding needs the ``audio`` extra (``pip install genai_runtime[audio]``: soundfile + scipy);
+Decoding needs the ``audio`` extra (``pip install genai_runtime[audio]``: soundfile);
 the features themselves are NumPy, driven by the model folder's ``audio_processor_config.json``.
 """
 
