@@ -55,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command == "run" and args.prompt is None and args.audio is None:
+            parser.error("run: give a prompt (-p TEXT) or an audio file (--audio FILE)")
     except SystemExit as exc:  # usage errors and --help: keep argparse's status
         return int(exc.code or 0)
     try:
@@ -392,8 +394,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .generator import Generator, GeneratorParams
 
     model, tokenizer = _load(args.model_dir)
-    if args.prompt is None and args.audio is None:
-        raise GenaiRuntimeError("run: give a prompt (-p TEXT) or an audio file (--audio FILE)")
     if args.audio is not None and args.prompt is None:
         args.prompt = TRANSCRIBE_PROMPT
     if args.chat or args.system is not None:
