@@ -183,3 +183,39 @@ def test_cli_run_transcribes_an_audio_file(
 
     assert main(["run", str(whisper_dir), "--audio", str(jfk)]) == 0
     assert capsys.readouterr().out.strip() == golden["text"].strip()
+
+
+def built_model(name: str) -> Path:
+    """A model from the background builds (env GENAI_RUNTIME_MODELS); skipped when absent."""
+    import os
+
+    root = Path(os.environ.get("GENAI_RUNTIME_MODELS", "~/genai-models/onnx")).expanduser()
+    if not (root / name / "genai_config.json").is_file():
+        pytest.skip(f"{root / name} not built (optional model)")
+    return root / name
+
+
+def test_fp32_whisper_build_equals_the_reference(jfk: Path, second_clip: Path) -> None:
+    ref_og = pytest.importorskip("onnxruntime_genai")
+    folder = built_model("whisper-tiny.en-fp32")
+    paths = [str(jfk), str(second_clip)]
+    ref_model = ref_og.Model(str(folder))
+    ref_params = ref_og.GeneratorParams(ref_model)
+    ref_params.set_search_options(do_sample=False, batch_size=2, max_length=448)
+    ref_gen = ref_og.Generator(ref_model, ref_params)
+    ref_processor = ref_model.create_multimodal_processor()
+    ref_gen.set_inputs(ref_processor([PROMPT] * 2, audios=ref_og.Audios.open(*paths)))
+    while not ref_gen.is_done():
+        ref_gen.generate_next_token()
+    model = og.Model(folder)
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=2)
+    generator = og.Generator(model, params)
+    generator.set_inputs(
+        model.create_multimodal_processor()([PROMPT] * 2, audios=og.Audios.open(*paths))
+    )
+    rows = _run(generator)
+    for i, row in enumerate(rows):
+        ref = ref_gen.get_sequence(i).tolist()
+        assert row[: len(ref)] == ref
+        assert row[len(ref) :] in ([], [EOS])
