@@ -164,6 +164,7 @@ class Executor:
                         raise GenerationError(
                             "the encoder reads the prompt: rewind_to(0) before a new one"
                         )
+                    self._masks.clear()  # casts of the previous source's mask
                     source, self._source_mask = self._source_ids(tokens)
                     for stage in self._init_stages:
                         self._run_init(stage, source, 0, source.shape[1])
