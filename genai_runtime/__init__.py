@@ -30,9 +30,8 @@ from .errors import (
     UnsupportedError,
 )
 from .generator import Generator, GeneratorParams
-from .media import Audios, Images
 from .model import Config, Model
-from .tensors import NamedTensors, Tensor
+from .multimodal import Audios, Images, MultiModalProcessor, NamedTensors, Tensor
 from .tokenizer import Tokenizer, TokenizerStream
 
 __version__ = "0.1.0"
@@ -48,6 +47,7 @@ __all__ = [
     "Images",
     "Model",
     "ModelError",
+    "MultiModalProcessor",
     "NamedTensors",
     "PathEscapeError",
     "Tensor",

@@ -25,6 +25,7 @@ from .config.loader import find_config_file, load_document, validate_document
 from .config.spec import PipelineSpec
 from .errors import ConfigError, GenaiRuntimeError, GenerationError
 from .kv import plan_cache
+from .multimodal.processor import TRANSCRIBE_PROMPT
 from .routing import classify
 from .runtime.plan import Plan, build_plan, graph_problems
 from .runtime.sessions import load_sessions
@@ -54,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command == "run" and args.prompt is None and args.audio is None:
+            parser.error("run: give a prompt (-p TEXT) or an audio file (--audio FILE)")
     except SystemExit as exc:  # usage errors and --help: keep argparse's status
         return int(exc.code or 0)
     try:
@@ -106,7 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate text for one prompt, streamed")
     p.add_argument("model_dir", metavar="MODEL_DIR")
-    p.add_argument("-p", "--prompt", required=True, help="prompt text")
+    p.add_argument("-p", "--prompt", help="prompt text (required unless --audio)")
+    p.add_argument(
+        "--audio",
+        metavar="FILE",
+        help="audio file for a speech model (wav/flac/ogg/mp3; needs the 'audio' extra); the "
+        "prompt defaults to Whisper's transcription prompt",
+    )
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--system", metavar="TEXT", help="system message (implies --chat)")
     lengths = p.add_mutually_exclusive_group()
@@ -385,6 +394,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .generator import Generator, GeneratorParams
 
     model, tokenizer = _load(args.model_dir)
+    if args.audio is not None and args.prompt is None:
+        args.prompt = TRANSCRIBE_PROMPT
     if args.chat or args.system is not None:
         messages = [{"role": "user", "content": args.prompt}]
         if args.system is not None:
@@ -401,6 +412,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = GeneratorParams(model)
     params.set_search_options(**options)
     generator = Generator(model, params)
+    if args.audio is not None:
+        from .multimodal import Audios
+
+        inputs = model.create_multimodal_processor()(audios=Audios.open(args.audio))
+        for name, tensor in inputs.items():
+            generator.set_model_input(name, tensor)
     stream = tokenizer.create_stream()
     eos = {int(t) for t in model.spec.tokens.eos}
 

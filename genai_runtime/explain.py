@@ -66,6 +66,9 @@ def explain_spec(
             "stages": [_stage(stage) for stage in plan.stages],
             "vocab_size": plan.vocab_size,
             "kv_cache": _kv(spec, plan),
+            "cross_cache": None
+            if plan.cross is None
+            else {"source": plan.cross.source, "tensors": len(plan.cross.pairs)},
         }
     elif graph_note:
         report["graphs_note"] = graph_note
@@ -264,12 +267,22 @@ def format_report(report: Mapping[str, Any]) -> str:
     for stage in graphs["stages"]:
         add(f"  {stage['session']} ({stage['file']}, {stage['phase']}):")
         kv = [i for i in stage["inputs"] if i["source"] == "kv"]
-        rows = [(i["name"], _tensor(i), _source(i)) for i in stage["inputs"] if i not in kv]
+        cross = [i for i in stage["inputs"] if i["source"] == "cross"]
+        rows = [
+            (i["name"], _tensor(i), _source(i))
+            for i in stage["inputs"]
+            if i not in kv and i not in cross
+        ]
         w1 = max((len(r[0]) for r in rows), default=0)
         w2 = max((len(r[1]) for r in rows), default=0)
         lines += [f"    {name:<{w1}}  {tensor:<{w2}}  <- {source}" for name, tensor, source in rows]
         if kv:
             add(f"    {len(kv)} KV inputs ({kv[0]['name']} ... {kv[-1]['name']})  <- kv cache")
+        if cross:
+            add(
+                f"    {len(cross)} cross-attention inputs ({cross[0]['name']} ... "
+                f"{cross[-1]['name']})  <- cross cache, bound once per init run"
+            )
         if stage["logits"]:
             add(f"    -> logits: {stage['logits']}")
         if stage["wire_outputs"]:

@@ -13,7 +13,6 @@ import numbers
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from .config.spec import GenerationSpec
 from .decoding.processors import make_chain
@@ -153,6 +152,7 @@ class Generator:
             batch_size=self.batch_size,
             max_length=self.max_length,
             pad_token_id=spec.tokens.pad,
+            tokens=spec.tokens,
         )
         self._chain = make_chain(search, eos_token_ids=spec.tokens.eos, vocab_size=vocab)
         self._greedy = search.is_greedy
@@ -226,6 +226,7 @@ class Generator:
             # As the reference: the step that ends the last row is reported by get_next_tokens
             # but not appended, and never runs (token_count excludes it).
             self._done = True
+            self._exec.finish()
             return
         self._seq[:, self._length] = tokens
         self._length += 1
@@ -233,6 +234,8 @@ class Generator:
         step = tokens[:, None]
         self._pending = step if self._pending is None else np.hstack([self._pending, step])
         self._done = self._length >= self.max_length
+        if self._done:
+            self._exec.finish()  # final-phase stages, once; their outputs via get_output()
 
     def is_done(self) -> bool:
         return self._logits is None and self._done
@@ -305,13 +308,25 @@ class Generator:
         raise GenerationError(f"no input {name!r} was set with set_model_input")
 
     def set_model_input(self, name: str, value: Any) -> None:
-        array = np.ascontiguousarray(value)
+        array = np.ascontiguousarray(value.as_numpy() if hasattr(value, "as_numpy") else value)
         known = {f.name for s in self.model.plan.stages for f in s.feeds}
         if name not in known:
             raise GenerationError(
                 f"no stage declares an input {name!r} (inputs: {', '.join(sorted(known))})"
             )
-        self._exec.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(array)
+        self._exec.set_input(name, array)
+
+    def set_inputs(self, inputs: Any) -> None:
+        """Set every named tensor (``og.NamedTensors`` or a dict); ``input_ids`` is the prompt,
+        appended (and run, init stages first) after the other inputs are in place."""
+        ids = None
+        for name, value in inputs.items():
+            if name == "input_ids":
+                ids = value.as_numpy() if hasattr(value, "as_numpy") else value
+            else:
+                self.set_model_input(name, value)
+        if ids is not None:
+            self.append_tokens(ids)
 
     # -- conveniences ----------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import onnxruntime as ort
 
@@ -148,12 +148,6 @@ class Model:
         provider = first.get_providers()[0] if first is not None else "CPUExecutionProvider"
         return DEVICE_TYPES.get(provider, provider.removesuffix("ExecutionProvider"))
 
-    def create_multimodal_processor(self) -> NoReturn:
-        raise UnsupportedError(
-            "create_multimodal_processor is not implemented yet: genai_runtime has no "
-            "image/audio processor; feed precomputed inputs with Generator.set_model_input"
-        )
-
     @property
     def tokens(self):
         return self.spec.tokens
@@ -161,6 +155,37 @@ class Model:
     @property
     def vocab_size(self) -> int | None:
         return self.plan.vocab_size
+
+    def create_multimodal_processor(self):
+        """The reference's processor: prompt + audio -> ``NamedTensors`` for ``set_inputs``."""
+        from .multimodal import MultiModalProcessor
+
+        return MultiModalProcessor(self)
+
+    def transcribe(
+        self,
+        audio: PathLike | Sequence[PathLike],
+        *,
+        prompt: str | None = None,
+        **search_options: Any,
+    ) -> str | list[str]:
+        """Greedy transcript of one audio file (a str) or several (a list, one batch)."""
+        from .generator import Generator, GeneratorParams
+        from .multimodal import Audios
+        from .multimodal.processor import TRANSCRIBE_PROMPT
+
+        prompt = TRANSCRIBE_PROMPT if prompt is None else prompt
+        paths = [audio] if isinstance(audio, (str, os.PathLike)) else list(audio)
+        processor = self.create_multimodal_processor()
+        inputs = processor(prompt, audios=Audios.open(*paths))
+        params = GeneratorParams(self)
+        params.set_search_options(batch_size=len(paths), **search_options)
+        generator = Generator(self, params)
+        generator.set_inputs(inputs)
+        while not generator.is_done():
+            generator.generate_next_token()
+        texts = [processor.decode(generator.get_sequence(i)) for i in range(len(paths))]
+        return texts[0] if isinstance(audio, (str, os.PathLike)) else texts
 
     def generate(self, prompt: str | list | dict, **search_options: Any) -> Iterator[str]:
         """Stream the text generated for a prompt string or chat messages."""

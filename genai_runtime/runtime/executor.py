@@ -2,8 +2,13 @@
 
 A pass feeds ``n`` new tokens per row: every stage whose phase and prompt/token flags match runs
 in flow order; inputs come from the runtime's roles (ids, mask, positions, length scalars), from
-wires (another stage's output of this pass), from the KV cache, or from the user. Buffers are
-allocated once and rebound only when a shape changes, so a one-token pass allocates nothing.
+wires (another stage's output of this pass), from the KV or cross-attention cache, or from the
+user. Buffers are allocated once and rebound only when a shape changes, so a one-token pass
+allocates nothing.
+
+Phases: ``init`` stages run before the first pass after their inputs are set (encoders, vision
+towers; ``loop: per_image`` runs one image at a time and concatenates), ``step`` stages every
+pass, ``final`` stages once when the generator finishes (``finish``).
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ from collections.abc import Mapping
 import numpy as np
 import onnxruntime as ort
 
+from ..config.spec import TokensSpec
 from ..errors import GenerationError, ModelError
 from ..kv import KVCache, KVPlan, make_cache
+from ..kv.cross import CrossCache
 from .bound import BoundSession
-from .plan import SCALAR_ROLES, Plan, StagePlan
+from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan, StagePlan, role_name
 from .positions import PositionState
 from .sessions import run_options
 
@@ -38,6 +45,19 @@ class _Stage:
         self.wire_feeds = plan.feeds_from("wire")
         self.user_feeds = plan.feeds_from("user")
         self.has_kv = bool(plan.feeds_from("kv"))
+        self.has_cross = bool(plan.feeds_from("cross"))
+        # Outputs of a per_image stage: concatenated over images, read instead of the binding.
+        self.joined: dict[str, ort.OrtValue] = {}
+        self.recurrent = []  # (input, output feeding it next pass)
+        for feed in self.role_feeds:
+            if feed.role in RECURRENT_ROLES:
+                out = role_name(plan.session, RECURRENT_ROLES[feed.role])
+                if out not in plan.io.outputs:
+                    raise ModelError(
+                        f"{plan.io.file}: recurrent input {feed.name!r} needs output {out!r} "
+                        f"({RECURRENT_ROLES[feed.role]}); outputs: {', '.join(plan.io.outputs)}"
+                    )
+                self.recurrent.append((feed.name, out))
         claimed = set()
         if plan.layout is not None:
             claimed.update(n for layer in plan.layout.present for n in layer)
@@ -64,8 +84,10 @@ class Executor:
         batch_size: int,
         max_length: int,
         pad_token_id: int | None,
+        tokens: TokensSpec | None = None,
     ):
         self.plan = plan
+        self._pad = pad_token_id
         self.batch_size = batch_size
         self.max_length = max_length
         self.stages = [_Stage(p, sessions[p.name]) for p in plan.stages]
@@ -80,11 +102,39 @@ class Executor:
                 elif feed.role == "position_ids":
                     pos_dtype = feed.info.dtype
         self.positions = PositionState(batch_size, max_length, pad_token_id, mask_dtype, pos_dtype)
+        self.cross = CrossCache(plan.cross) if plan.cross is not None else None
         self.user_inputs: dict[str, ort.OrtValue] = {}
+        self._init_stages = [s for s in self.stages if s.step.when == "init"]
+        # An init stage that reads the prompt (a text encoder): the prompt, with EOS appended per
+        # row, is its source; step stages start from the decoder start token and count their own
+        # positions. (onnxruntime-genai's encoder-decoder convention.)
+        self._source = any(f.role == "input_ids" for s in self._init_stages for f in s.role_feeds)
+        tokens = tokens or TokensSpec()
+        self._source_eos = tokens.eos[0] if tokens.eos else None
+        start_token = tokens.decoder_start if tokens.decoder_start is not None else tokens.bos
+        self._start_token = start_token
+        if self._source and (self._source_eos is None or start_token is None):
+            raise ModelError(
+                "an init stage reads input_ids (a text encoder): tokens.eos and tokens.bos (or "
+                "tokens.decoder_start) must be set"
+            )
+        self._step_positions = (
+            PositionState(batch_size, max_length, None, mask_dtype, pos_dtype)
+            if self._source
+            else self.positions
+        )
+        self._source_mask: np.ndarray | None = None
+        self._masks: dict[tuple, np.ndarray] = {}
+        self._recurrent: dict[str, ort.OrtValue] = {}
+        self._final_stages = [s for s in self.stages if s.step.when == "final"]
+        self._init_done = not self._init_stages
+        self._final_done = False
+        self._last_tokens = np.zeros((batch_size, 1), np.int64)
         self._ids: dict[tuple, np.ndarray] = {}
         self._scalars: dict[str, np.ndarray] = {}
         self._logits_buf = np.empty(0, np.float32)
         self._logits_out: np.ndarray | None = None
+        self._logits_views: dict[str, np.ndarray] = {}
         self._last_run: dict[str, _Stage] = {}
         self._logits_stage = next(s for s in self.stages if s.plan.logits is not None)
 
@@ -103,35 +153,172 @@ class Executor:
                 f"{n} new tokens + {self.length} already processed exceed max_length "
                 f"{self.max_length}"
             )
-        first = self.length == 0
-        prompt_pass = first or n > 1
+        prompt_pass = self.length == 0 or n > 1
         start = self.length
         self.positions.update(tokens)
+        self._final_done = False
+        self._last_tokens = tokens
+        step_length = self._step_positions.length
+        seq_start = start
         try:
+            if not self._init_done:
+                if self._source:
+                    if start:
+                        raise GenerationError(
+                            "the encoder reads the prompt: rewind_to(0) before a new one"
+                        )
+                    self._masks.clear()  # casts of the previous source's mask
+                    source, self._source_mask = self._source_ids(tokens)
+                    for stage in self._init_stages:
+                        self._run_init(stage, source, 0, source.shape[1])
+                    tokens = np.full((self.batch_size, 1), self._start_token, np.int64)
+                    n = 1
+                else:
+                    for stage in self._init_stages:
+                        self._run_init(stage, tokens, start, n)
+                self._init_done = True
+            if self._source:
+                start = self._step_positions.length
+                self._step_positions.update(tokens)
             for stage in self.stages:
                 step = stage.step
-                if step.when == "final" or (step.when == "init" and not first):
-                    continue
-                if step.when == "step" and not (
+                if step.when != "step" or not (
                     step.run_on_prompt if prompt_pass else step.run_on_token_gen
                 ):
                     continue
                 self._feed(stage, tokens, start, n)
                 stage.bound.run()
                 self._last_run[stage.plan.name] = stage
+                if stage.plan.logits is not None:
+                    self._logits_stage = stage
+                for name, out in stage.recurrent:
+                    self._recurrent[name] = stage.bound.output(out)
                 if stage.has_kv and self.cache is not None:
                     self.cache.advance(stage.bound, n)
-        except Exception:
-            self.positions.rewind_to(start)  # the pass did not happen
+        except Exception:  # the pass did not happen
+            self.positions.rewind_to(seq_start)
+            self._step_positions.rewind_to(step_length)
             if self.cache is not None:
-                self.cache.rewind_to(start)
+                self.cache.rewind_to(step_length)
             raise
         return self._read_logits(n)
 
     def rewind_to(self, length: int) -> None:
+        """Forget tokens past ``length``; init outputs (cross cache, image features) stay."""
+        if length >= self.length:
+            return
+        if self._source and length:
+            raise GenerationError(
+                f"cannot rewind to {length}: the encoder read the prompt, so only rewind_to(0) "
+                "(a new prompt) is possible"
+            )
+        if self._recurrent and length:
+            raise GenerationError(
+                f"cannot rewind to {length}: a recurrent state ({', '.join(self._recurrent)}) "
+                "only rewinds to 0"
+            )
         self.positions.rewind_to(length)
+        self._step_positions.rewind_to(length)
         if self.cache is not None:
             self.cache.rewind_to(length)
+        if length == 0:
+            self._recurrent.clear()
+            if self._source:
+                self._init_done = False  # the next prompt is a new source
+        self._final_done = False
+
+    def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
+        real = self.positions.last_index + 1 if self.batch_size > 1 else [tokens.shape[1]]
+        width = tokens.shape[1] + 1
+        pad = self._pad if self._pad is not None else self._source_eos
+        ids = np.full((self.batch_size, width), pad, np.int64)
+        mask = np.zeros((self.batch_size, width), np.int64)
+        for row, count in enumerate(real):
+            ids[row, :count] = tokens[row, :count]
+            ids[row, count] = self._source_eos
+            mask[row, : count + 1] = 1
+        return ids, mask
+
+    def finish(self) -> None:
+        """Run the final-phase stages once for the current sequence (no-op if already run)."""
+        if self._final_done or not self._final_stages:
+            return
+        if self.length == 0:
+            raise GenerationError("final stages need at least one forward pass first")
+        n = self._last_tokens.shape[1]
+        for stage in self._final_stages:
+            self._feed(stage, self._last_tokens, self.length - n, n)
+            stage.bound.run()
+            stage.joined.clear()
+            self._last_run[stage.plan.name] = stage
+        self._final_done = True
+
+    def set_input(self, name: str, array: np.ndarray) -> None:
+        """A user tensor (``set_model_input`` / ``set_inputs``); init stages that read it rerun."""
+        readers = [s for s in self.stages if any(f.name == name for f in s.user_feeds)]
+        if not readers:
+            known = sorted({f.name for s in self.stages for f in s.user_feeds})
+            raise GenerationError(
+                f"no stage takes a user input named {name!r} (user inputs: "
+                f"{', '.join(known) or '(none)'})"
+            )
+        for stage in readers:
+            feed = next(f for f in stage.user_feeds if f.name == name)
+            _check_user_tensor(stage, feed, array, self.batch_size)
+        self.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+        if any(s.step.when == "init" for s in readers):
+            self._init_done = False
+
+    # -- init phase ------------------------------------------------------------------------
+
+    def _run_init(self, stage: _Stage, tokens: np.ndarray, start: int, n: int) -> None:
+        if stage.step.loop == "per_image":
+            self._run_per_image(stage, tokens, start, n)
+        else:
+            self._feed(stage, tokens, start, n)
+            stage.bound.run()
+            stage.joined.clear()
+        self._last_run[stage.plan.name] = stage
+        if self.cross is not None and stage.plan.name == self.cross.layout.source:
+            self.cross.capture(stage.bound)
+
+    def _run_per_image(self, stage: _Stage, tokens: np.ndarray, start: int, n: int) -> None:
+        """One run per image (the user inputs' leading axis), outputs joined on axis 0."""
+        file = stage.plan.io.file
+        arrays = {}
+        for feed in stage.user_feeds:
+            if feed.name not in self.user_inputs:
+                raise GenerationError(
+                    f"{file} (loop per_image) needs input {feed.name!r} ({feed.info}): give the "
+                    "images with set_inputs / set_model_input"
+                )
+            arrays[feed.name] = self.user_inputs[feed.name].numpy()
+        counts = {name: a.shape[0] if a.ndim else 0 for name, a in arrays.items()}
+        if not counts or 0 in counts.values():
+            raise GenerationError(
+                f"{file} (loop per_image) has no images: inputs {counts or '(none)'} have no "
+                "leading image axis to loop over"
+            )
+        if len(set(counts.values())) > 1:
+            raise GenerationError(f"{file} (loop per_image): image counts differ: {counts}")
+        pieces: dict[str, list[np.ndarray]] = {name: [] for name in stage.plan.io.outputs}
+        saved = {name: self.user_inputs[name] for name in arrays}
+        try:
+            for i in range(next(iter(counts.values()))):
+                for name, array in arrays.items():
+                    piece = np.ascontiguousarray(array[i : i + 1])
+                    self.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(piece)
+                self._feed(stage, tokens, start, n)
+                stage.bound.run()
+                for name in pieces:
+                    pieces[name].append(stage.bound.output(name).numpy())
+        finally:
+            self.user_inputs.update(saved)
+        stage.joined = {
+            name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(np.concatenate(parts)))
+            for name, parts in pieces.items()
+        }
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -140,12 +327,28 @@ class Executor:
         for feed in stage.role_feeds:
             role = feed.role
             if role == "input_ids":
-                ids = self._ids_buffer(stage.dtypes[feed.name], tokens)
+                # Rank 1: one token per row (decoders that take [B] ids).
+                rows = tokens if feed.info.rank != 1 else tokens[:, -1]
+                ids = self._ids_buffer(stage.dtypes[feed.name], rows)
                 self._bind(stage, feed.name, ids)
+            elif role == "attention_mask" and self._source and stage.step.when == "init":
+                self._bind(stage, feed.name, self._cast_mask(feed, self._source_mask))
+            elif role == "encoder_attention_mask":
+                if self._source_mask is None:
+                    raise ModelError(
+                        f"{stage.plan.io.file}: input {feed.name!r} (encoder_attention_mask) "
+                        "needs an init stage that reads input_ids"
+                    )
+                self._bind(stage, feed.name, self._cast_mask(feed, self._source_mask))
             elif role == "attention_mask":
-                self._bind(stage, feed.name, self.positions.mask())
+                self._bind(stage, feed.name, self._step_positions.mask())
             elif role == "position_ids":
-                self._bind(stage, feed.name, self.positions.positions(n))
+                self._bind(stage, feed.name, self._step_positions.positions(n))
+            elif role in RECURRENT_ROLES:
+                state = self._recurrent.get(feed.name)
+                if state is None:
+                    state = self._recurrent[feed.name] = self._zeros(stage, feed)
+                bound.bind_value(feed.name, state)
             elif role in SCALAR_ROLES:
                 value = {"current_sequence_length": n, "total_sequence_length": start + n}
                 self._bind(stage, feed.name, self._scalar(feed, value.get(role, start)))
@@ -158,16 +361,18 @@ class Executor:
             source = self._last_run.get(feed.wire.src)
             if source is None:
                 raise GenerationError(f"wire {feed.wire}: {feed.wire.src!r} has not run yet")
-            bound.bind_value(feed.name, source.bound.output(feed.wire.src_tensor))
+            bound.bind_value(feed.name, _output(source, feed.wire.src_tensor))
         for feed in stage.user_feeds:
             if feed.name not in self.user_inputs:
                 raise GenerationError(
                     f"{stage.plan.io.file} needs input {feed.name!r} ({feed.info}), which no "
-                    "role, wire or cache provides: set it with set_model_input()"
+                    "role, wire or cache provides: set it with set_inputs() / set_model_input()"
                 )
             bound.bind_value(feed.name, self.user_inputs[feed.name])
         if stage.has_kv and self.cache is not None:
             self.cache.bind(bound, n)
+        if stage.has_cross and self.cross is not None:
+            self.cross.bind(bound)
         if stage.plan.logits is not None:
             self._bind_logits(stage, n)
         stage.bind_alloc_outputs()
@@ -182,6 +387,27 @@ class Executor:
             stage.bound.bind_array(name, array)
             stage.shapes[name] = key
         stage.bound_arrays[name] = array
+
+    def _cast_mask(self, feed, mask: np.ndarray) -> np.ndarray:
+        key = (feed.name, mask.__array_interface__["data"][0])
+        out = self._masks.get(key)
+        if out is None:  # one per source mask and input: kept alive while it is bound
+            out = self._masks[key] = np.ascontiguousarray(mask, feed.info.dtype)
+        return out
+
+    def _zeros(self, stage: _Stage, feed) -> ort.OrtValue:
+        shape = []
+        for dim in feed.info.shape:
+            if isinstance(dim, int) and dim >= 0:
+                shape.append(dim)
+            elif isinstance(dim, str) and "batch" in dim.lower():
+                shape.append(self.batch_size)
+            else:
+                raise ModelError(
+                    f"{stage.plan.io.file}: recurrent input {feed.info} has a dimension the "
+                    "runtime cannot size for its zero initial state"
+                )
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, feed.info.dtype))
 
     def _ids_buffer(self, dtype: np.dtype, tokens: np.ndarray) -> np.ndarray:
         shape = tokens.shape
@@ -212,14 +438,16 @@ class Executor:
             shape: tuple[int, ...] = (self.batch_size, rows, vocab)
         else:
             shape = (self.batch_size, vocab)
-        if stage.shapes.get(info.name) == shape:
-            return  # a decode pass: the same buffer stays bound
         size = int(np.prod(shape))
         if self._logits_buf.size < size or self._logits_buf.dtype != info.dtype:
             self._logits_buf = np.empty(size, info.dtype)
-        self._logits_out = self._logits_buf[:size].reshape(shape)
-        stage.bound.bind_output_array(info.name, self._logits_out)
-        stage.shapes[info.name] = shape
+        # Keyed by buffer too: with two logits stages (prefill/decode), one may have grown it.
+        key = (shape, self._logits_buf.__array_interface__["data"][0])
+        if stage.shapes.get(info.name) != key:
+            self._logits_views[stage.plan.name] = self._logits_buf[:size].reshape(shape)
+            stage.bound.bind_output_array(info.name, self._logits_views[stage.plan.name])
+            stage.shapes[info.name] = key
+        self._logits_out = self._logits_views[stage.plan.name]  # a decode pass: still bound
 
     def _read_logits(self, n: int) -> np.ndarray:
         stage = self._logits_stage
@@ -243,5 +471,40 @@ class Executor:
             logits = stage.plan.logits
             if logits is not None and name == logits.name and self._logits_out is not None:
                 return self._logits_out.copy()
-            return stage.bound.output(name).numpy().copy()
+            return _output(stage, name).numpy().copy()
         raise GenerationError(f"no stage has run with an output named {name!r}")
+
+
+def _output(stage: _Stage, name: str) -> ort.OrtValue:
+    joined = stage.joined.get(name)
+    return joined if joined is not None else stage.bound.output(name)
+
+
+def _check_user_tensor(stage: _Stage, feed, array: np.ndarray, batch: int) -> None:
+    """Rank, dtype, fixed dims and a batch axis of the generator's batch size."""
+    file, info = stage.plan.io.file, feed.info
+    if array.ndim != info.rank:
+        raise GenerationError(
+            f"{file}: input {feed.name!r} expects rank {info.rank} ({info}), got shape "
+            f"{array.shape}"
+        )
+    if array.dtype != info.dtype:
+        raise GenerationError(
+            f"{file}: input {feed.name!r} expects {info.dtype} ({info}), got {array.dtype}"
+        )
+    per_image = stage.step.loop == "per_image"  # the graph sees one image (axis 0) at a time
+    for axis, dim in enumerate(info.shape):
+        if per_image and axis == 0:
+            continue
+        if isinstance(dim, int) and dim >= 0 and array.shape[axis] != dim:
+            raise GenerationError(
+                f"{file}: input {feed.name!r} expects {dim} on axis {axis} ({info}), got shape "
+                f"{array.shape}"
+            )
+    first = info.shape[0] if info.shape else None
+    batched = isinstance(first, str) and "batch" in first.lower()
+    if not per_image and batched and array.shape[0] != batch:
+        raise GenerationError(
+            f"{file}: input {feed.name!r} has batch {array.shape[0]} on axis 0 but the "
+            f"generator's batch_size is {batch}"
+        )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..config.spec import FlowStep, PipelineSpec, SessionSpec, Wire
 from ..errors import ModelError
 from ..kv import KNOWN_PATTERNS, KVLayout, configured_kv_pattern, detect_layout
+from ..kv.cross import CrossLayout, detect_cross
 from .graph_io import SessionIO, TensorInfo
 
 # Roles the runtime fills itself, with onnxruntime-genai's default tensor names.
@@ -21,6 +22,10 @@ INPUT_ROLES = {
     "current_sequence_length": "current_sequence_length",
     "total_sequence_length": "total_sequence_length",
     "past_key_values_length": "past_key_values_length",
+    # Encoder-decoders over text: the encoder's mask, seen by the decoder.
+    "encoder_attention_mask": "encoder_attention_mask",
+    # A recurrent state: zeros on the first pass, then the stage's own output of the last pass.
+    "rnn_states_prev": "rnn_states_prev",
 }
 SCALAR_ROLES = (
     "past_sequence_length",
@@ -28,7 +33,9 @@ SCALAR_ROLES = (
     "total_sequence_length",
     "past_key_values_length",
 )
-OUTPUT_ROLES = {"logits": "logits"}
+OUTPUT_ROLES = {"logits": "logits", "rnn_states": "rnn_states"}
+# Recurrent input role -> the output role that feeds it on the next pass.
+RECURRENT_ROLES = {"rnn_states_prev": "rnn_states"}
 # Role-map keys that name KV patterns or other state, not single tensors checked here.
 _PATTERN_ROLES = {
     "past_key_names",
@@ -49,7 +56,7 @@ class Feed:
     tensor the user must supply with ``set_model_input``."""
 
     name: str
-    source: str  # "role" | "wire" | "kv" | "user"
+    source: str  # "role" | "wire" | "kv" | "cross" | "user"
     info: TensorInfo
     role: str | None = None
     wire: Wire | None = None
@@ -78,6 +85,7 @@ class Plan:
     stages: tuple[StagePlan, ...]
     layout: KVLayout | None
     vocab_size: int | None
+    cross: CrossLayout | None = None
 
 
 def role_name(session: SessionSpec, role: str) -> str:
@@ -102,6 +110,7 @@ def build_plan(
         )
     stages = []
     layout = None
+    cross = None
     try:
         logits_stage = _logits_stage(spec, ios)
     except ModelError:
@@ -123,6 +132,20 @@ def build_plan(
                 )
             layout = stage_layout
         kv_names = {n for layer in stage_layout.past for n in layer} if stage_layout else set()
+        cross_names: frozenset[str] = frozenset()
+        source = step.cross_attention_from or (
+            spec.state.cross_cache.source if spec.state.cross_cache else None
+        )
+        if step.when == "step" and source in ios and source != step.run:
+            found = detect_cross(source, ios[source], spec.sessions[source], io, session)
+            if found is not None:
+                if cross is not None and cross.source != found.source:
+                    raise ModelError(
+                        f"{io.file}: cross-attends to {found.source!r}, another stage to "
+                        f"{cross.source!r}; one cross cache per pipeline"
+                    )
+                cross = found
+                cross_names = found.inputs
         feeds = []
         wired = {w.dst_tensor: w for w in spec.dataflow if w.dst == step.run}
         roles = {role_name(session, r): r for r in INPUT_ROLES}
@@ -131,12 +154,16 @@ def build_plan(
                 feeds.append(Feed(name, "wire", info, wire=wired[name]))
             elif name in kv_names:
                 feeds.append(Feed(name, "kv", info))
+            elif name in cross_names:
+                feeds.append(Feed(name, "cross", info))
             elif name in roles:
                 feeds.append(Feed(name, "role", info, role=roles[name]))
             else:
                 feeds.append(Feed(name, "user", info))
         logits = None
-        if step.run == logits_stage:
+        # A prefill/decode split has one logits stage per kind of pass.
+        split = step.when == "step" and not (step.run_on_prompt and step.run_on_token_gen)
+        if step.run == logits_stage or (split and role_name(session, "logits") in io.outputs):
             logits = io.outputs[role_name(session, "logits")]
         outs = tuple(dict.fromkeys(w.src_tensor for w in spec.dataflow if w.src == step.run))
         stages.append(StagePlan(step, session, io, tuple(feeds), stage_layout, logits, outs))
@@ -145,7 +172,7 @@ def build_plan(
     for stage in stages:
         if stage.logits is not None:
             vocab = stage.logits.static_dim(stage.logits.rank - 1)
-    return Plan(tuple(stages), layout, vocab or spec.model.vocab_size)
+    return Plan(tuple(stages), layout, vocab or spec.model.vocab_size, cross)
 
 
 def logits_problem(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> ModelError | None:

@@ -161,7 +161,7 @@ def test_validate_root_allows_sibling_folders(capsys, fixtures_dir):
 def test_usage_errors_exit_2(capsys):
     assert main(["validate"]) == 2
     assert main(["no-such-command"]) == 2
-    assert main(["run", "somewhere"]) == 2  # -p is required
+    assert main(["run", "somewhere"]) == 2  # -p (or --audio) is required
     assert main(["run", "m", "-p", "x", "--max-length", "9", "--max-new-tokens", "3"]) == 2
     assert main(["bench", "m", "--runs", "0"]) == 2
     assert "usage:" in capsys.readouterr().err

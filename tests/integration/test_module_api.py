@@ -13,7 +13,7 @@ import pytest
 from conftest import require_shared
 
 import genai_runtime as og
-from genai_runtime.errors import GenaiRuntimeError, UnsupportedError
+from genai_runtime.errors import GenaiRuntimeError
 
 PROBES = {
     "is_cuda_available": "CUDAExecutionProvider",
@@ -131,10 +131,10 @@ def test_device_type_matches_the_reference() -> None:
     assert og.Model(path).device_type == ref.Model(path).device_type == "CPU"
 
 
-def test_media_processors_are_clear_unsupported_errors() -> None:
-    model = og.Model(require_shared("fixtures", "onnxruntime-genai", "tiny-random-gpt2-fp32"))
-    with pytest.raises(UnsupportedError, match="create_multimodal_processor"):
-        model.create_multimodal_processor()
-    for call in (og.Images.open, og.Images.open_bytes, og.Audios.open, og.Audios.open_bytes):
-        with pytest.raises(UnsupportedError, match="not implemented yet"):
-            call(b"")
+def test_media_loaders_reject_empty_and_missing_input(tmp_path) -> None:
+    for call in (og.Images.open_bytes, og.Audios.open_bytes):
+        with pytest.raises(GenaiRuntimeError, match="no"):
+            call()
+    for call in (og.Images.open, og.Audios.open):
+        with pytest.raises(GenaiRuntimeError):
+            call(tmp_path / "missing.bin")

@@ -42,6 +42,7 @@ V1_CONFIGS: dict[tuple[str, ...], str] = {
     (*EXAMPLES, "07-prefill-decode"): "prefill-decode",
     ("models", "smollm2-135m-instruct-int4"): "decoder",
     ("models", "smollm2-135m-instruct-int4-2layers"): "decoder",
+    ("models", "whisper-tiny.en-int4"): "encoder-decoder",
 }
 
 
