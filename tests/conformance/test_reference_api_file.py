@@ -4,7 +4,7 @@ benchmarks/reference_api_conformance.py takes the file from a pinned revision of
 repository at run time (``GENAI_RUNTIME_REFERENCE_REPO``: a git URL or local git directory;
 default GitHub) and skips when it is unreachable. Every test the reference passes must pass
 through the ``import genai_runtime as og`` shim, except the ones waiting for the executor's
-encoder-decoder and multimodal routes (listed below).
+image preprocessing (listed below).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "reference_api_conformance.py"
-# Tests the reference passes that need features not built yet (Marian encoder-decoder, the
-# multimodal processor). Remove a name here when its feature lands.
+# Tests the reference passes that need a feature not built yet (phi3-v image preprocessing).
+# Remove a name here when its feature lands.
 AWAITING = {
-    "test_marian_batch_sequence_values",
     "test_phi3v_preprocessing[relative_image_path0-relative_model_path0]",
     "test_phi3v_preprocessing_load_image_from_bytes[relative_image_path0-relative_model_path0]",
     "test_phi3v_preprocessing_multiple_images[relative_image_paths0-relative_model_path0]",
