@@ -4,8 +4,8 @@
     python benchmarks/server_decode.py MODEL_DIR [--streams 4] [--tokens 64] [--rounds 3]
 
 Rounds alternate the three setups so machine load hits them alike; the medians are printed
-with the ratios against one stream. Greedy tokens of every stream are also compared with its
-solo (one-stream) run.
+with the ratios against one stream. Greedy tokens of every stream are also compared with the
+same backend's solo run (what the request gets alone on the server).
 """
 
 from __future__ import annotations
@@ -70,14 +70,25 @@ def main() -> None:
             rate, out = run()
             rates[name].append(rate)
             outputs[name] = out
-    solo = [decode(InterleavedSlots(model, 1, context), [p], args.tokens)[1][0] for p in prompts]
+    # Solo runs of each backend: what a request gets when it is alone on the server.
+    solo = {
+        "interleaved": [
+            decode(InterleavedSlots(model, 1, context), [p], args.tokens)[1][0] for p in prompts
+        ],
+        "batched": [
+            decode(BatchedSlots(model, args.streams, context), [p], args.tokens)[1][0]
+            for p in prompts
+        ],
+    }
     base = statistics.median(rates["1 stream"])
     for name, values in rates.items():
         med = statistics.median(values)
-        same = "" if name == "1 stream" else (
-            "  tokens == solo: " + str([o == s for o, s in zip(outputs[name], solo)])
-        )
-        print(f"{name:>16}: {med:8.1f} tok/s aggregate  ({med / base:4.2f}x one stream){same}")
+        line = f"{name:>16}: {med:8.1f} tok/s aggregate  ({med / base:4.2f}x one stream)"
+        if name != "1 stream":
+            kind = name.split()[1]
+            same = [o == s for o, s in zip(outputs[name], solo[kind])]
+            line += f"  tokens == {kind} solo run: {same}"
+        print(line)
 
 
 if __name__ == "__main__":

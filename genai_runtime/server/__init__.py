@@ -73,6 +73,7 @@ class ServerHandle:
         max_body: int | None = None,
         timeout: float | None = None,
         batched: bool | None = None,
+        prefix_reuse: bool = True,
         log_level: str = "warning",
     ):
         try:
@@ -106,7 +107,11 @@ class ServerHandle:
         self.url = f"http://{shown}:{self.sock.getsockname()[1]}"
         self.loaded = threading.Event()
         engine_options = dict(
-            max_queued=max_queued, max_active=max_active, max_context=max_context, batched=batched
+            max_queued=max_queued,
+            max_active=max_active,
+            max_context=max_context,
+            batched=batched,
+            prefix_reuse=prefix_reuse,
         )
         threading.Thread(
             target=self._load, args=(model_dir, engine_options), name="genai-load", daemon=True

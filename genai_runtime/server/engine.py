@@ -80,8 +80,10 @@ class Engine:
         max_queued: int = 16,
         max_context: int | None = None,
         batched: bool | None = None,
+        prefix_reuse: bool = True,
     ):
         self.model = model
+        self.prefix_reuse = prefix_reuse
         self.tokenizer = tokenizer
         self.max_queued = max_queued
         self.context = min(model.spec.generation.max_length, max_context or 1 << 62)
@@ -239,6 +241,8 @@ class Engine:
         always prefilled: int4 kernels round a one-row pass differently, and the logits must not
         depend on how much of the prompt was cached."""
         best, best_common = free[0], -1
+        if not self.prefix_reuse:
+            return best, 0
         for slot in free:
             held = self._held[slot]
             n = max(0, min(len(held), len(prompt) - 2))

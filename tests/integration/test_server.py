@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -457,3 +459,49 @@ def test_models_folder_name_is_not_a_path(small):
     r = httpx.get(small.url + "/v1/models/" + str(Path("/etc") / "passwd"))
     assert r.status_code == 404 and _envelope(r)["code"] == "model_not_found"
     assert httpx.get(small.url + "/v1/nothing").status_code == 404
+
+
+def test_per_request_timeout():
+    handle = ServerHandle(str(require_shared("models", SMALL)), port=0, timeout=0.5).start()
+    try:
+        body = {"model": SMALL, "prompt": "Once", "max_tokens": 5000, "temperature": 0}
+        start = time.monotonic()
+        r = _post(handle, "/v1/completions", body, key=None)
+        assert r.status_code == 408 and _envelope(r)["code"] == "timeout"
+        assert time.monotonic() - start < 10
+        with httpx.stream("POST", handle.url + "/v1/completions", json={**body, "stream": True},
+                          timeout=30) as r:  # fmt: skip
+            frames = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert json.loads(frames[-2][6:])["error"]["code"] == "timeout"
+        assert frames[-1] == "data: [DONE]"
+        assert _idle(handle)["active"] == 0
+    finally:
+        handle.stop()
+
+
+def test_serve_command_on_port_0():
+    path = str(require_shared("models", SMALL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "genai_runtime", "serve", path, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith(f"serving '{SMALL}' on http://127.0.0.1:")
+        url = line.split(" on ")[1].strip()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url.removesuffix("/v1") + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+        assert client.completions.create(model=SMALL, prompt="Hi", max_tokens=2).usage
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
