@@ -56,7 +56,10 @@ class Job:
     next_logits: np.ndarray | None = None
 
     def emit(self, *event: Any) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the server's loop is closed (shutting down): nobody listens
+            self.cancelled = True
 
 
 @dataclass

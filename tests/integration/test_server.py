@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -229,7 +230,7 @@ def test_seed_gives_the_same_tokens_alone_and_under_concurrency(small):
     assert results[0] == results[2] == alone
 
 
-def test_prefix_reuse_and_fields(small):
+def test_prefix_reuse_and_fields(small, caplog):
     client = _client(small)
     system = {"role": "system", "content": "You are a terse assistant. " * 8}
     first = [system, {"role": "user", "content": "Hi"}]
@@ -252,8 +253,12 @@ def test_prefix_reuse_and_fields(small):
     assert len(content) == lp.usage.completion_tokens
     assert all(len(c.top_logprobs) == 3 and c.logprob <= 0 for c in content)
     assert content[0].top_logprobs[0].logprob == pytest.approx(content[0].logprob)
-    # unknown fields are ignored, top_k is honoured (top_k=1 is greedy)
-    g = _chat(client, SMALL, "Hi", max_tokens=5, extra_body={"top_k": 1, "frobnicate": 3})
+    # unknown fields are ignored (their names logged), top_k is honoured (top_k=1 is greedy);
+    # the prompt itself is never logged
+    caplog.set_level(logging.DEBUG, logger="genai_runtime.server")
+    _chat(client, SMALL, "zebra-unicorn-secret", max_tokens=2, extra_body={"frobnicate": 3})
+    assert "frobnicate" in caplog.text and "zebra-unicorn" not in caplog.text
+    g = _chat(client, SMALL, "Hi", max_tokens=5, extra_body={"top_k": 1})
     assert (
         g.choices[0].message.content
         == _chat(client, SMALL, "Hi", temperature=0, max_tokens=5).choices[0].message.content
