@@ -188,7 +188,12 @@ class Engine:
                 job.next_logits = row
         for job in list(self._active.values()):
             if job.next_logits is not None and not job.cancelled:
-                self._choose(job)
+                try:
+                    self._choose(job)
+                except Exception as exc:  # one request's bad sampling must not stop the rest
+                    self._finish(job, None)
+                    self._count("error")
+                    job.emit("error", APIError(400, f"token selection failed: {exc}"))
 
     def _drop_finished(self, now: float) -> None:
         with self._lock:
@@ -266,7 +271,7 @@ class Engine:
             token = int(greedy(logits[None, :])[0])
         else:
             token = int(
-                sample(logits[None, :], top_k=s.top_k, top_p=s.top_p,
+                sample(logits[None, :], top_k=min(s.top_k, logits.size), top_p=s.top_p,
                        temperature=s.temperature, min_p=0.0, rng=job.rng)[0]
             )  # fmt: skip
         if job.first_token_at is None:

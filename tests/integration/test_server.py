@@ -510,3 +510,14 @@ def test_serve_command_on_port_0():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"top_k": 2**40, "temperature": 1.0}, {"temperature": 1e-300}, {"top_p": 0.0, "seed": -5}],
+)
+def test_extreme_sampling_values_do_not_stop_the_engine(guarded, extra):
+    body = {"model": SMALL, "prompt": "Hi", "max_tokens": 2, **extra}
+    assert _post(guarded, "/v1/completions", body).status_code in (200, 400)
+    after = _post(guarded, "/v1/completions", {"model": SMALL, "prompt": "Hi", "max_tokens": 1})
+    assert after.status_code == 200
