@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-active", type=_positive_int, default=4, metavar="N",
                    help="requests decoding together (default 4)")  # fmt: skip
     p.add_argument("--max-context", type=_positive_int, metavar="N",
-                   help="cap on prompt + max_tokens (default: the model's)")  # fmt: skip
+                   help="cap on prompt + max_tokens (default 2048)")  # fmt: skip
     p.add_argument("--timeout", type=float, metavar="S", help="per-request timeout (default 600)")
     p.add_argument("--interleave", action="store_true", help="no batched decode")
     p.set_defaults(func=cmd_serve)

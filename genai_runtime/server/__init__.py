@@ -19,6 +19,8 @@ __all__ = ["ServerHandle", "build_engine", "is_loopback", "serve"]
 
 log = logging.getLogger("genai_runtime.server")
 
+DEFAULT_MAX_CONTEXT = 2048
+
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -106,10 +108,11 @@ class ServerHandle:
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.sock.getsockname()[1]}"
         self.loaded = threading.Event()
+        # A context cap by default: every active row's cache grows to the longest row's length.
         engine_options = dict(
             max_queued=max_queued,
             max_active=max_active,
-            max_context=max_context,
+            max_context=max_context or DEFAULT_MAX_CONTEXT,
             batched=batched,
             prefix_reuse=prefix_reuse,
         )
