@@ -29,7 +29,7 @@ from .protocol import APIError, Sampling
 log = logging.getLogger("genai_runtime.server")
 
 
-@dataclass
+@dataclass(eq=False)  # identity: jobs are found in the queue by ``is``, never compared
 class Job:
     """One request as the engine sees it. ``events`` receives tuples: ``("delta", text,
     [logprob entries])``, ``("done", finish_reason, usage)`` or ``("error", APIError)``.
