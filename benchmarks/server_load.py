@@ -5,7 +5,7 @@
 Starts the server as a subprocess on 127.0.0.1 (port 0), warms it up, then each client sends
 streamed chat requests back to back until the time is up. Prints requests/s, generated
 tokens/s, p50/p99 time to first token, failures, the server's RSS before and after the run and
-its active/queued counts afterwards (both must be 0: nothing leaked).
+its active/queued counts afterwards (both must be 0: nothing leaked), and the RSS every 10 s.
 """
 
 from __future__ import annotations
@@ -96,8 +96,16 @@ def main() -> None:
                         failures.append(f"{type(exc).__name__}: {exc}")
                 i += args.clients
 
+        samples: list[float] = []
+
+        def sampler() -> None:  # RSS every 10 s: growth that levels off is warm-up, not a leak
+            while time.perf_counter() < stop_at:
+                time.sleep(10)
+                samples.append(rss_mib(server.pid))
+
         start = time.perf_counter()
         threads = [threading.Thread(target=worker, args=(k,)) for k in range(args.clients)]
+        threads.append(threading.Thread(target=sampler))
         for t in threads:
             t.start()
         for t in threads:
@@ -114,6 +122,7 @@ def main() -> None:
         print(f"generated tokens/s: {tokens[0] / elapsed:.1f}")
         print(f"time to first token: p50 {q[49] * 1000:.0f} ms, p99 {q[98] * 1000:.0f} ms")
         print(f"server RSS: {rss_before:.1f} MiB before, {rss_after:.1f} MiB after")
+        print("server RSS every 10 s (MiB): " + ", ".join(f"{r:.1f}" for r in samples))
         print(f"after the run: active {health['active']}, queued {health['queued']}")
         for f in failures[:5]:
             print("  failure:", f)
