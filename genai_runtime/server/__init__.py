@@ -1,0 +1,160 @@
+"""OpenAI-compatible HTTP server (``genai-runtime serve``; needs the ``server`` extra).
+
+``serve`` binds the socket first (so port 0 works and /health answers 503 while the model
+loads), then loads the model in the background and starts the engine thread.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+
+from ..errors import GenaiRuntimeError
+
+__all__ = ["ServerHandle", "build_engine", "is_loopback", "serve"]
+
+log = logging.getLogger("genai_runtime.server")
+
+DEFAULT_MAX_CONTEXT = 2048
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_engine(model_dir: str | Path, **engine_options):
+    """Load a model folder and start an engine over it."""
+    from ..model import Model
+    from ..tokenizer import Tokenizer
+    from .engine import Engine
+
+    model = Model(str(model_dir))
+    engine = Engine(model, Tokenizer(model), **engine_options)
+    engine.start()
+    return engine
+
+
+def serve(model_dir: str, *, log_level: str = "info", **options) -> None:
+    """Serve until interrupted (``genai-runtime serve``); options as for ``ServerHandle``."""
+    handle = ServerHandle(model_dir, log_level=log_level, **options)
+    print(f"serving {handle.state.served_name!r} on {handle.url}/v1", flush=True)
+    try:
+        handle.server.run(sockets=[handle.sock])
+    finally:
+        handle.close_engine()
+
+
+class ServerHandle:
+    """A bound socket, the app state (the model loads in the background) and a uvicorn server.
+
+    ``serve`` runs it in the foreground; ``start()`` runs it on a thread (tests, benchmarks)
+    and returns once the server accepts connections and the model is loaded.
+    """
+
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | None = None,
+        insecure: bool = False,
+        served_name: str | None = None,
+        max_queued: int = 16,
+        max_active: int = 4,
+        max_context: int | None = None,
+        max_body: int | None = None,
+        timeout: float | None = None,
+        batched: bool | None = None,
+        prefix_reuse: bool = True,
+        log_level: str = "warning",
+    ):
+        try:
+            import uvicorn
+        except ImportError as exc:
+            raise GenaiRuntimeError(
+                'the server needs the "server" extra: pip install "genai_runtime[server]"'
+            ) from exc
+        from .app import DEFAULT_MAX_BODY, DEFAULT_TIMEOUT, ServerState, create_app
+
+        if not is_loopback(host) and not api_key:
+            if not insecure:
+                raise GenaiRuntimeError(
+                    f"refusing to serve on non-loopback host {host!r} without an API key; pass "
+                    "--api-key KEY (or --insecure to accept anyone on the network)"
+                )
+            log.warning("serving on %s without an API key: anyone who reaches it can use it", host)
+        if not Path(model_dir).is_dir():
+            raise GenaiRuntimeError(f"model folder not found: {model_dir}")
+        self.state = ServerState(
+            served_name=served_name or Path(model_dir).resolve().name,
+            api_key=api_key or None,
+            max_body=max_body or DEFAULT_MAX_BODY,
+            timeout=timeout or DEFAULT_TIMEOUT,
+        )
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self.sock.getsockname()[1]}"
+        self.loaded = threading.Event()
+        # A context cap by default: every active row's cache grows to the longest row's length.
+        engine_options = dict(
+            max_queued=max_queued,
+            max_active=max_active,
+            max_context=max_context or DEFAULT_MAX_CONTEXT,
+            batched=batched,
+            prefix_reuse=prefix_reuse,
+        )
+        threading.Thread(
+            target=self._load, args=(model_dir, engine_options), name="genai-load", daemon=True
+        ).start()
+        config = uvicorn.Config(create_app(self.state), log_level=log_level, access_log=False)
+        self.server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    def _load(self, model_dir: str, engine_options: dict) -> None:
+        try:
+            self.state.engine = build_engine(model_dir, **engine_options)
+            log.info("model loaded (%s decode)", self.state.engine.slots.kind)
+        except Exception as exc:
+            self.state.load_error = f"the model could not be loaded: {exc}"
+            log.error("%s", self.state.load_error)
+        self.loaded.set()
+
+    def start(self, timeout: float = 120.0, wait_for_model: bool = True) -> ServerHandle:
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not wait_for_model:
+            return self
+        self.loaded.wait(max(0.0, deadline - time.monotonic()))
+        if not self.server.started or self.state.engine is None:
+            self.stop()
+            raise GenaiRuntimeError(self.state.load_error or "the server did not start in time")
+        return self
+
+    def close_engine(self) -> None:
+        self.loaded.wait(60)
+        if self.state.engine is not None:
+            self.state.engine.stop()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.close_engine()

@@ -1,0 +1,414 @@
+"""The Starlette app: OpenAI routes over an ``Engine``, with auth, body limits and SSE streaming.
+
+Nothing here touches the model: requests are parsed (``protocol``), turned into token ids, and
+handed to the engine thread as ``Job``s; results come back as events on an asyncio queue.
+Prompts and generated text are never logged (only sizes, timings and unknown field names).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import GenaiRuntimeError
+from .engine import Engine, Job
+from .protocol import RESPONSE_FORMATS, APIError, ParsedRequest, bad, parse_chat, parse_completion
+
+log = logging.getLogger("genai_runtime.server")
+
+DEFAULT_MAX_BODY = 1 << 20
+DEFAULT_TIMEOUT = 600.0
+
+
+@dataclass
+class ServerState:
+    """What the routes need; ``engine`` is None while the model loads."""
+
+    served_name: str
+    api_key: str | None = None
+    max_body: int = DEFAULT_MAX_BODY
+    timeout: float = DEFAULT_TIMEOUT
+    engine: Engine | None = None
+    load_error: str | None = None
+    created: int = 0
+
+
+def create_app(state: ServerState) -> Starlette:
+    state.created = state.created or int(time.time())
+
+    def authorize(request: Request) -> None:
+        if state.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        # compare_digest: the time taken does not depend on how much of the key matched.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), state.api_key.encode()
+        ):
+            raise APIError(
+                401,
+                "invalid or missing API key (send Authorization: Bearer <key>)",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+
+    def engine() -> Engine:
+        if state.engine is None:
+            why = state.load_error or "the model is still loading"
+            raise APIError(503, why, type="server_error", code="model_not_ready")
+        if not state.engine.alive:
+            raise APIError(503, f"the engine failed: {state.engine.failed}", type="server_error")
+        return state.engine
+
+    async def health(request: Request) -> Response:
+        if state.engine is None or not state.engine.alive:
+            status = "error" if (state.load_error or state.engine) else "loading"
+            return JSONResponse({"status": status}, status_code=503)
+        active, waiting = state.engine.counts()
+        return JSONResponse({"status": "ok", "active": active, "queued": waiting})
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+    async def model_info(request: Request) -> Response:
+        authorize(request)
+        if request.path_params["name"] != state.served_name:
+            raise _no_model(request.path_params["name"], state.served_name)
+        return JSONResponse(_model_card(state))
+
+    async def metrics(request: Request) -> Response:
+        authorize(request)
+        return PlainTextResponse(_metrics(state), media_type="text/plain; version=0.0.4")
+
+    async def chat(request: Request) -> Response:
+        authorize(request)
+        parsed = parse_chat(await _read_json(request, state.max_body))
+        eng = _checked(state, parsed, engine())
+        try:
+            text = eng.tokenizer.apply_chat_template(parsed.messages, add_generation_prompt=True)
+        except GenaiRuntimeError as exc:  # e.g. the sandbox refused what a template tried
+            raise bad(f"the chat template could not be applied: {exc}", "messages") from exc
+        ids = np.asarray(eng.tokenizer.encode(text), np.int64).reshape(-1)
+        return await _respond(request, state, eng, parsed, ids, chat=True)
+
+    async def completions(request: Request) -> Response:
+        authorize(request)
+        parsed = parse_completion(await _read_json(request, state.max_body))
+        eng = _checked(state, parsed, engine())
+        if isinstance(parsed.prompt, list):
+            ids = np.asarray(parsed.prompt, np.int64)
+            vocab = eng.model.vocab_size or 0
+            if ids.min() < 0 or ids.max() >= vocab:
+                raise bad(f"prompt token ids must be in [0, {vocab})", "prompt")
+        else:
+            ids = np.asarray(eng.tokenizer.encode(parsed.prompt), np.int64).reshape(-1)
+            if ids.size == 0:
+                raise bad("the prompt encodes to no tokens", "prompt")
+        return await _respond(request, state, eng, parsed, ids, chat=False)
+
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        err = APIError(exc.status_code, str(exc.detail), type=kind)
+        return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.error("unexpected %s while serving %s", type(exc).__name__, request.url.path)
+        err = APIError(500, "internal server error", type="server_error")
+        return JSONResponse(err.body(), status_code=500)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model_info, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    return Starlette(
+        routes=routes,
+        exception_handlers={
+            APIError: api_error,
+            HTTPException: http_error,
+            Exception: server_error,
+        },
+    )
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.served_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "genai_runtime",
+    }
+
+
+def _no_model(name: str, served: str) -> APIError:
+    shown = name if len(name) <= 64 else name[:61] + "..."
+    return APIError(
+        404,
+        f"the model {shown!r} is not served here (served: {served!r})",
+        type="invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _checked(state: ServerState, parsed: ParsedRequest, eng: Engine) -> Engine:
+    # The model field is a served name, compared as a string: never opened as a path.
+    if parsed.model != state.served_name:
+        raise _no_model(parsed.model, state.served_name)
+    if parsed.unknown:
+        log.info("ignored unknown request fields: %s", ", ".join(parsed.unknown[:20]))
+    return eng
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    length = request.headers.get("content-length", "")
+    too_big = APIError(
+        413, f"the request body is larger than {limit} bytes", code="request_too_large"
+    )
+    if length.isdigit() and int(length) > limit:
+        raise too_big
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_big
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise bad(f"the request body is not valid JSON: {str(exc)[:100]}") from exc
+
+
+def _processor(eng: Engine, parsed: ParsedRequest):
+    fmt = parsed.sampling.response_format
+    if fmt is None:
+        return None
+    return RESPONSE_FORMATS[fmt["type"]](eng.tokenizer, fmt)
+
+
+async def _respond(
+    request: Request,
+    state: ServerState,
+    eng: Engine,
+    parsed: ParsedRequest,
+    ids: np.ndarray,
+    *,
+    chat: bool,
+) -> Response:
+    s = parsed.sampling
+    room = eng.context - len(ids)
+    max_tokens = s.max_tokens if s.max_tokens is not None else room
+    if max_tokens > room or room < 1:
+        raise APIError(
+            400,
+            f"this model's context is {eng.context} tokens; the prompt has {len(ids)} and "
+            f"max_tokens asks for {max_tokens} more",
+            param="messages" if chat else "prompt",
+            code="context_length_exceeded",
+        )
+    loop = asyncio.get_running_loop()
+    job = Job(
+        prompt=ids,
+        sampling=s,
+        max_tokens=max_tokens,
+        deadline=time.monotonic() + state.timeout,
+        loop=loop,
+        events=asyncio.Queue(),
+        processor=_processor(eng, parsed),
+    )
+    eng.submit(job)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    log.info("%s: %d prompt tokens, max_tokens %d", rid, len(ids), max_tokens)
+    shape = _Shape(rid, parsed.model, int(time.time()), chat, eng)
+    if parsed.stream:
+        return StreamingResponse(
+            _sse(request, eng, job, shape, parsed.include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    watcher = asyncio.create_task(_watch_disconnect(request, eng, job))
+    try:
+        text, entries = [], []
+        while True:
+            event = await job.events.get()
+            if event[0] == "delta":
+                text.append(event[1])
+                entries.extend(event[2])
+            elif event[0] == "error":
+                raise event[1]
+            elif event[0] == "gone":
+                return Response(status_code=499)
+            else:
+                return JSONResponse(shape.final("".join(text), entries, event[1], event[2]))
+    finally:
+        watcher.cancel()
+        eng.cancel(job)  # no-op once done; frees the slot if we leave early
+
+
+async def _watch_disconnect(request: Request, eng: Engine, job: Job) -> None:
+    """Cancel the job when the client goes away (the body is read, so ``receive`` now only
+    reports the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            eng.cancel(job)
+            job.events.put_nowait(("gone",))
+            return
+
+
+async def _sse(
+    request: Request, eng: Engine, job: Job, shape: _Shape, include_usage: bool
+) -> AsyncIterator[str]:
+    watcher = asyncio.create_task(_watch_disconnect(request, eng, job))
+    try:
+        yield _frame(shape.chunk(role=True, usage=include_usage))
+        while True:
+            event = await job.events.get()
+            if event[0] == "delta":
+                yield _frame(shape.chunk(text=event[1], entries=event[2], usage=include_usage))
+            elif event[0] == "error":
+                yield _frame(event[1].body())
+                break
+            elif event[0] == "gone":
+                return
+            else:
+                yield _frame(shape.chunk(finish=event[1], usage=include_usage))
+                if include_usage:
+                    yield _frame(shape.usage_chunk(event[2]))
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        watcher.cancel()
+        eng.cancel(job)
+
+
+def _frame(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+@dataclass
+class _Shape:
+    """Builds the OpenAI response objects for one request."""
+
+    rid: str
+    model: str
+    created: int
+    chat: bool
+    engine: Engine
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(
+        self,
+        *,
+        text: str = "",
+        entries: list | None = None,
+        finish: str | None = None,
+        role: bool = False,
+        usage: bool = False,
+    ) -> dict[str, Any]:
+        logprobs = self._logprobs(entries) if entries else None
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta = {"role": "assistant", "content": ""}
+            elif finish is None:
+                delta = {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            out = self._head("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            out = self._head("text_completion")
+        out["choices"] = [choice]
+        if usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
+        out = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        out["choices"] = []
+        out["usage"] = usage
+        return out
+
+    def final(self, text: str, entries: list, finish: str, usage: dict) -> dict[str, Any]:
+        logprobs = self._logprobs(entries) if entries else None
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
+            out = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            out = self._head("text_completion")
+        out["choices"] = [choice]
+        out["usage"] = usage
+        return out
+
+    def _token(self, token: int) -> tuple[str, list[int]]:
+        data = self.engine.tokenizer._decode_bytes([token])
+        return data.decode("utf-8", "replace"), list(data)
+
+    def _logprobs(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.chat:
+            content = []
+            for e in entries:
+                text, raw = self._token(e["id"])
+                top = []
+                for t, lp in e["top"]:
+                    ttext, traw = self._token(t)
+                    top.append({"token": ttext, "logprob": lp, "bytes": traw})
+                content.append(
+                    {"token": text, "logprob": e["logprob"], "bytes": raw, "top_logprobs": top}
+                )
+            return {"content": content}
+        return {
+            "tokens": [self._token(e["id"])[0] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{self._token(t)[0]: lp for t, lp in e["top"]} for e in entries],
+        }
+
+
+def _metrics(state: ServerState) -> str:
+    lines = []
+
+    def metric(name: str, kind: str, value: float, labels: str = "") -> None:
+        if not any(line.startswith(f"# TYPE {name} ") for line in lines):
+            lines.append(f"# TYPE {name} {kind}")
+        lines.append(f"{name}{labels} {value}")
+
+    eng = state.engine
+    metric("genai_up", "gauge", 1 if eng is not None and eng.alive else 0)
+    if eng is not None:
+        active, waiting = eng.counts()
+        stats = eng.stats
+        metric("genai_active_requests", "gauge", active)
+        metric("genai_queued_requests", "gauge", waiting)
+        for outcome, count in sorted(stats.requests.items()):
+            metric("genai_requests_total", "counter", count, f'{{outcome="{outcome}"}}')
+        metric("genai_prompt_tokens_total", "counter", stats.prompt_tokens)
+        metric("genai_prompt_tokens_reused_total", "counter", stats.reused_tokens)
+        metric("genai_completion_tokens_total", "counter", stats.completion_tokens)
+        metric("genai_decode_steps_total", "counter", stats.steps)
+        metric("genai_time_to_first_token_seconds_sum", "counter", round(stats.ttft_sum, 6))
+        metric("genai_time_to_first_token_seconds_count", "counter", stats.ttft_count)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,230 @@
+"""Where the engine's requests live while they decode: numbered slots over the model.
+
+``InterleavedSlots`` gives each slot its own batch-1 executor and runs one slot at a time;
+``BatchedSlots`` makes each slot a row of one batched share-buffer cache, prefills a new request
+into its row through a batch-1 view of that row, and runs every active row's next token in one
+onnxruntime call. Both return float32 logits; the engine picks tokens the same way for both.
+
+A slot keeps its cache after its request ends, so a later prompt that starts with the same
+tokens (a system prompt, a chat that goes on) reuses that prefix instead of prefilling it again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelError
+from ..kv import plan_cache
+from ..model import Model
+from ..runtime.bound import BoundSession
+from ..runtime.executor import Executor
+from ..runtime.sessions import run_options
+
+GROWTH_TOKENS = 256
+
+
+def kv_plan_for(model: Model):
+    layout = model.plan.layout
+    if layout is None:
+        return None
+    search = model.spec.generation
+    return plan_cache(layout, model.spec.state.kv_cache, search.past_present_share_buffer)
+
+
+class InterleavedSlots:
+    """One batch-1 executor per slot; a decode step runs the slots one after another."""
+
+    kind = "interleaved"
+
+    def __init__(self, model: Model, num_slots: int, max_length: int):
+        self.num_slots = num_slots
+        self.max_length = max_length
+        self._model = model
+        self._kv_plan = kv_plan_for(model)
+        self._slots: list[Executor | None] = [None] * num_slots
+
+    def _executor(self, slot: int) -> Executor:
+        ex = self._slots[slot]
+        if ex is None:
+            spec = self._model.spec
+            ex = Executor(
+                self._model.plan,
+                self._model.sessions,
+                self._kv_plan,
+                batch_size=1,
+                max_length=self.max_length,
+                pad_token_id=spec.tokens.pad,
+            )
+            self._slots[slot] = ex
+        return ex
+
+    def prefill(self, slot: int, tokens: np.ndarray, start: int) -> np.ndarray:
+        """Keep the slot's first ``start`` tokens, run ``tokens`` after them; logits [V]."""
+        ex = self._executor(slot)
+        ex.rewind_to(start)
+        try:
+            return ex.forward(tokens.reshape(1, -1).astype(np.int32))[0].copy()
+        except Exception:
+            ex.rewind_to(0)
+            raise
+
+    def decode(self, slots: list[int], tokens: np.ndarray) -> np.ndarray:
+        """One token per listed slot; logits [len(slots), V]."""
+        out = None
+        for i, slot in enumerate(slots):
+            logits = self._slots[slot].forward(tokens[i : i + 1, None])
+            if out is None:
+                out = np.empty((len(slots), logits.shape[-1]), np.float32)
+            out[i] = logits[0]
+        return out
+
+    def release(self, slot: int) -> None:
+        """Nothing to free: the executor (and its cache) stays for prefix reuse."""
+
+
+class BatchedSlots:
+    """Rows of one batched share-buffer cache ``[rows, H, capacity, D]`` per KV tensor.
+
+    Needs the plain decoder shape: one stage whose only runtime inputs are input_ids,
+    attention_mask and (optionally) position_ids, with a share-buffer (GroupQueryAttention)
+    cache that writes each row's new key/value at that row's own length (``seqlens_k`` from the
+    attention mask), so rows of different lengths decode together. ``supports`` says whether a
+    model has that shape; the engine falls back to ``InterleavedSlots`` otherwise.
+    """
+
+    kind = "batched"
+
+    @staticmethod
+    def supports(model: Model) -> str | None:
+        """None if batched decode works for this model, else why not."""
+        plan = model.plan
+        if len(plan.stages) != 1:
+            return f"{len(plan.stages)} stages (batched decode needs one decoder stage)"
+        stage = plan.stages[0]
+        kv = kv_plan_for(model)
+        if kv is None or kv.kind != "share-buffer":
+            return "the KV cache is not a share-buffer cache"
+        roles = {f.role for f in stage.feeds_from("role")}
+        if not roles <= {"input_ids", "attention_mask", "position_ids"}:
+            return f"the decoder takes runtime inputs {sorted(roles)}"
+        if "attention_mask" not in roles or stage.feeds_from("wire") or stage.feeds_from("user"):
+            return "the decoder needs wired or user inputs, or has no attention_mask"
+        if stage.logits is None or plan.vocab_size is None:
+            return "the decoder's logits or vocabulary size are unknown"
+        return None
+
+    def __init__(self, model: Model, num_slots: int, max_length: int):
+        why = self.supports(model)
+        if why is not None:
+            raise ModelError(f"batched decode is not available: {why}")
+        plan = model.plan
+        stage = plan.stages[0]
+        self.num_slots = num_slots
+        self.max_length = max_length
+        self._layout = plan.layout
+        self._vocab = plan.vocab_size
+        self._logits_name = stage.logits.name
+        self._logits_rank = stage.logits.rank
+        self._logits_dtype = stage.logits.dtype
+        feeds = {f.role: f for f in stage.feeds_from("role")}
+        self._ids_feed = feeds["input_ids"]
+        self._mask_feed = feeds["attention_mask"]
+        self._pos_feed = feeds.get("position_ids")
+        session = model.sessions[stage.name]
+        options = run_options(dict(stage.session.options.run_options))
+        # Two bindings over the same session: a batch-1 prefill and the all-rows decode.
+        self._prefill = BoundSession(stage.name, session, stage.io, options)
+        self._decode = BoundSession(stage.name, session, stage.io, options)
+        self._decode_rows = 0
+        # Never fewer than two rows per decode call: onnxruntime's int4 MatMulNBits kernels take
+        # another path (other rounding) for a single row, so a request's tokens would depend on
+        # whether it ran alone. From two rows on, each row's result is the same at any batch.
+        self._min_rows = min(2, num_slots)
+        self._names = [
+            (past, present)
+            for pasts, presents in zip(self._layout.past, self._layout.present)
+            for past, present in zip(pasts, presents)
+        ]
+        self._lengths = np.zeros(num_slots, np.int64)  # tokens held per row
+        self._capacity = 0
+        self._arrays: list[np.ndarray] = []
+        self._reserve(min(GROWTH_TOKENS, max_length))
+        mask_dtype = self._mask_feed.info.dtype
+        self._mask = np.zeros(num_slots * max_length, mask_dtype)  # [rows, total], contiguous
+        self._ids = np.zeros((num_slots, 1), self._ids_feed.info.dtype)
+        self._pos = np.zeros((num_slots, 1), self._pos_feed.info.dtype) if self._pos_feed else None
+        self._logits = np.empty((num_slots, self._vocab), self._logits_dtype)
+
+    def _reserve(self, needed: int) -> None:
+        if needed <= self._capacity:
+            return
+        if needed > self.max_length:
+            raise ModelError(f"{needed} tokens exceed the server's context {self.max_length}")
+        capacity = min(self.max_length, -(-needed // GROWTH_TOKENS) * GROWTH_TOKENS)
+        shape = self._layout.shape(self.num_slots, capacity)
+        arrays = []
+        for i in range(len(self._names)):
+            array = np.zeros(shape, self._layout.dtype)
+            if self._arrays:
+                array[:, :, : self._capacity] = self._arrays[i]
+            arrays.append(array)
+        self._arrays = arrays
+        self._capacity = capacity
+        self._decode_rows = 0  # the decode binding must point at the new buffers
+
+    def prefill(self, slot: int, tokens: np.ndarray, start: int) -> np.ndarray:
+        n = int(tokens.size)
+        self._reserve(start + n)
+        self._lengths[slot] = start
+        b = self._prefill
+        ids = np.ascontiguousarray(tokens.reshape(1, n), self._ids_feed.info.dtype)
+        mask = np.ones((1, start + n), self._mask_feed.info.dtype)
+        b.bind_array(self._ids_feed.name, ids)
+        b.bind_array(self._mask_feed.name, mask)
+        if self._pos_feed is not None:
+            pos = np.arange(start, start + n, dtype=self._pos_feed.info.dtype).reshape(1, n)
+            b.bind_array(self._pos_feed.name, pos)
+        for (past, present), array in zip(self._names, self._arrays):
+            row = array[slot : slot + 1]  # a contiguous [1, H, capacity, D] view of this row
+            b.bind_array(past, row)
+            b.bind_output_array(present, row)
+        shape = (1, n, self._vocab) if self._logits_rank == 3 else (1, self._vocab)
+        logits = np.empty(shape, self._logits_dtype)
+        b.bind_output_array(self._logits_name, logits)
+        b.run()
+        self._lengths[slot] = start + n
+        last = logits[0, -1] if self._logits_rank == 3 else logits[0]
+        return last.astype(np.float32)
+
+    def decode(self, slots: list[int], tokens: np.ndarray) -> np.ndarray:
+        """Rows 0..max(slots) run together; rows not listed get a throwaway token written just
+        past what they hold, so a kept prefix is never overwritten."""
+        rows = max(max(slots) + 1, self._min_rows)
+        self._reserve(int(self._lengths[:rows].max()) + 1)
+        active = np.zeros(rows, bool)
+        active[slots] = True
+        self._ids[:rows, 0] = 0
+        self._ids[slots, 0] = tokens
+        lengths = self._lengths[:rows]
+        total = int(lengths.max()) + 1
+        mask = self._mask[: rows * total].reshape(rows, total)
+        np.less_equal(np.arange(total)[None, :], lengths[:, None], out=mask, casting="unsafe")
+        b = self._decode
+        b.bind_array(self._ids_feed.name, self._ids[:rows])
+        b.bind_array(self._mask_feed.name, mask)
+        if self._pos_feed is not None:
+            self._pos[:rows, 0] = lengths
+            b.bind_array(self._pos_feed.name, self._pos[:rows])
+        if self._decode_rows != rows:
+            for (past, present), array in zip(self._names, self._arrays):
+                b.bind_array(past, array[:rows])
+                b.bind_output_array(present, array[:rows])
+            shape = (rows, 1, self._vocab) if self._logits_rank == 3 else (rows, self._vocab)
+            b.bind_output_array(self._logits_name, self._logits[:rows].reshape(shape))
+            self._decode_rows = rows
+        b.run()
+        self._lengths[slots] += 1
+        return self._logits[slots].astype(np.float32)
+
+    def release(self, slot: int) -> None:
+        """The row keeps its keys/values (prefix reuse); its length is what it holds."""

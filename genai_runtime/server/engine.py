@@ -1,0 +1,347 @@
+"""The engine: one thread owns the model; requests wait in a bounded queue, then decode together.
+
+Each step the engine admits waiting requests into free slots (prefilling their prompts, reusing
+a slot's cached prefix when the prompt starts with it), then advances every active request by
+one token: all rows in one onnxruntime call with ``BatchedSlots``, one after another with
+``InterleavedSlots``. A request cancelled by its client (or past its deadline) is dropped at the
+next step and its slot freed. Events go back to the asyncio side with ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..decoding.sampling import greedy, make_rng, sample
+from ..model import Model
+from ..tokenizer import Tokenizer
+from .backends import BatchedSlots, InterleavedSlots
+from .protocol import APIError, Sampling
+
+log = logging.getLogger("genai_runtime.server")
+
+
+@dataclass(eq=False)  # identity: jobs are found in the queue by ``is``, never compared
+class Job:
+    """One request as the engine sees it. ``events`` receives tuples: ``("delta", text,
+    [logprob entries])``, ``("done", finish_reason, usage)`` or ``("error", APIError)``.
+    """
+
+    prompt: np.ndarray
+    sampling: Sampling
+    max_tokens: int
+    deadline: float
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    processor: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    # engine-side state
+    slot: int = -1
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0  # characters of ``text`` already sent
+    reused: int = 0  # prompt tokens taken from a slot's cache
+    rng: np.random.Generator | None = None
+    stream: Any = None
+    next_logits: np.ndarray | None = None
+
+    def emit(self, *event: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the server's loop is closed (shutting down): nobody listens
+            self.cancelled = True
+
+
+@dataclass
+class Stats:
+    requests: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reused_tokens: int = 0
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+    steps: int = 0
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Model,
+        tokenizer: Tokenizer,
+        *,
+        max_active: int = 4,
+        max_queued: int = 16,
+        max_context: int | None = None,
+        batched: bool | None = None,
+        prefix_reuse: bool = True,
+    ):
+        self.model = model
+        self.prefix_reuse = prefix_reuse
+        self.tokenizer = tokenizer
+        self.max_queued = max_queued
+        self.context = min(model.spec.generation.max_length, max_context or 1 << 62)
+        why = BatchedSlots.supports(model)
+        if batched is None:
+            batched = why is None
+        elif batched and why is not None:
+            log.warning("batched decode unavailable (%s); interleaving requests", why)
+            batched = False
+        kind = BatchedSlots if batched else InterleavedSlots
+        self.slots = kind(model, max_active, self.context)
+        self.eos = frozenset(int(t) for t in model.spec.tokens.eos)
+        self.stats = Stats()
+        self.failed: str | None = None  # set if the engine thread dies
+        self._waiting: deque[Job] = deque()
+        self._active: dict[int, Job] = {}
+        self._held: list[np.ndarray] = [np.zeros(0, np.int64)] * max_active  # per slot
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="genai-engine", daemon=True)
+
+    # -- called from the server (any thread) --------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.failed is None
+
+    def counts(self) -> tuple[int, int]:
+        """(active, waiting) requests."""
+        with self._lock:
+            return len(self._active), len(self._waiting)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise APIError 429 if the queue is full / 503 if the engine died."""
+        if not self.alive:
+            raise APIError(
+                503, f"the engine is not running: {self.failed}", type="server_error",
+                code="engine_unavailable",
+            )  # fmt: skip
+        with self._wake:
+            if len(self._waiting) >= self.max_queued:
+                raise APIError(
+                    429,
+                    f"the server is busy: {self.max_queued} requests are already waiting",
+                    type="rate_limit_error",
+                    code="queue_full",
+                    headers={"Retry-After": "1"},
+                )
+            self._waiting.append(job)
+            self._wake.notify()
+
+    def cancel(self, job: Job) -> None:
+        job.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    # -- the engine thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not self._stop and not self._waiting and not self._active:
+                        self._wake.wait()
+                    if self._stop:
+                        break
+                self._step()
+        except BaseException as exc:  # keep serving 503s rather than hang every request
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.exception("engine thread failed")
+            with self._lock:
+                jobs = [*self._active.values(), *self._waiting]
+                self._active.clear()
+                self._waiting.clear()
+            for job in jobs:
+                job.emit("error", APIError(503, "the engine failed", type="server_error"))
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        self._drop_finished(now)
+        self._admit(now)
+        active = [j for j in self._active.values() if j.next_logits is None]
+        if active:
+            slots = [j.slot for j in active]
+            tokens = np.array([j.tokens[-1] for j in active], np.int64)
+            logits = self.slots.decode(slots, tokens)
+            self.stats.steps += 1
+            for job, row in zip(active, logits):
+                job.next_logits = row
+        for job in list(self._active.values()):
+            if job.next_logits is not None and not job.cancelled:
+                try:
+                    self._choose(job)
+                except Exception as exc:  # one request's bad sampling must not stop the rest
+                    self._finish(job, None)
+                    self._count("error")
+                    job.emit("error", APIError(400, f"token selection failed: {exc}"))
+
+    def _drop_finished(self, now: float) -> None:
+        with self._lock:
+            for job in [j for j in self._waiting if j.cancelled]:
+                self._waiting.remove(job)
+                self._count("cancelled")
+            for job in [j for j in self._waiting if now > j.deadline]:
+                self._waiting.remove(job)
+                self._timeout(job)
+        for job in list(self._active.values()):
+            if job.cancelled:
+                self._finish(job, None)
+                self._count("cancelled")
+            elif now > job.deadline:
+                self._finish(job, None)
+                self._timeout(job)
+
+    def _timeout(self, job: Job) -> None:
+        self._count("timeout")
+        job.emit(
+            "error",
+            APIError(408, "the request timed out", type="timeout_error", code="timeout"),
+        )
+
+    def _admit(self, now: float) -> None:
+        while True:
+            with self._lock:
+                free = [s for s in range(self.slots.num_slots) if s not in self._active]
+                if not free or not self._waiting:
+                    return
+                job = self._waiting.popleft()
+            slot, common = self._pick_slot(free, job.prompt)
+            job.slot = slot
+            job.reused = common
+            job.rng = make_rng(-1 if job.sampling.seed is None else job.sampling.seed % 2**63)
+            job.stream = self.tokenizer.create_stream()
+            with self._lock:
+                self._active[slot] = job
+            self._held[slot] = job.prompt[:common]
+            try:
+                job.next_logits = self.slots.prefill(slot, job.prompt[common:], common)
+            except Exception as exc:
+                self._finish(job, None)
+                self._held[slot] = np.zeros(0, np.int64)
+                self._count("error")
+                job.emit("error", APIError(400, f"the prompt could not be run: {exc}"))
+                continue
+            self.stats.prompt_tokens += len(job.prompt)
+            self.stats.reused_tokens += common
+
+    def _pick_slot(self, free: list[int], prompt: np.ndarray) -> tuple[int, int]:
+        """The free slot sharing the longest prefix with ``prompt``. At least two tokens are
+        always prefilled: int4 kernels round a one-row pass differently, and the logits must not
+        depend on how much of the prompt was cached."""
+        best, best_common = free[0], -1
+        if not self.prefix_reuse:
+            return best, 0
+        for slot in free:
+            held = self._held[slot]
+            n = max(0, min(len(held), len(prompt) - 2))
+            differ = np.flatnonzero(held[:n] != prompt[:n])
+            common = int(differ[0]) if differ.size else n
+            if common > best_common:
+                best, best_common = slot, common
+        return best, max(best_common, 0)
+
+    def _choose(self, job: Job) -> None:
+        logits = job.next_logits
+        job.next_logits = None
+        s = job.sampling
+        if job.processor is not None:
+            history = np.concatenate([job.prompt, np.asarray(job.tokens, np.int64)])
+            logits = job.processor(history[None, :], logits[None, :])[0]
+        if s.greedy:
+            token = int(greedy(logits[None, :])[0])
+        else:
+            token = int(
+                sample(logits[None, :], top_k=min(s.top_k, logits.size), top_p=s.top_p,
+                       temperature=s.temperature, min_p=0.0, rng=job.rng)[0]
+            )  # fmt: skip
+        if job.first_token_at is None:
+            job.first_token_at = time.monotonic()
+            self.stats.ttft_sum += job.first_token_at - job.submitted
+            self.stats.ttft_count += 1
+        job.tokens.append(token)
+        self.stats.completion_tokens += 1
+        if token in self.eos:
+            self._flush(job, job.text, [])
+            return self._done(job, "stop")
+        entry = self._logprob(job, logits, token) if s.logprobs else None
+        job.text += job.stream.decode(token)
+        for stop in s.stop:
+            at = job.text.find(stop, max(0, job.sent - len(stop)))
+            if at >= 0:
+                job.text = job.text[:at]
+                self._flush(job, job.text, [entry] if entry else [])
+                return self._done(job, "stop")
+        if len(job.tokens) >= job.max_tokens:
+            self._flush(job, job.text, [entry] if entry else [])
+            return self._done(job, "length")
+        # Hold back a tail that could still grow into a stop string.
+        hold = max((_overlap(job.text, stop) for stop in s.stop), default=0)
+        self._flush(job, job.text[: len(job.text) - hold], [entry] if entry else [])
+
+    def _flush(self, job: Job, upto: str, entries: list) -> None:
+        if len(upto) > job.sent or entries:
+            job.emit("delta", upto[job.sent :], entries)
+            job.sent = max(job.sent, len(upto))
+
+    def _done(self, job: Job, reason: str) -> None:
+        usage = {
+            "prompt_tokens": len(job.prompt),
+            "completion_tokens": len(job.tokens),
+            "total_tokens": len(job.prompt) + len(job.tokens),
+            "prompt_tokens_details": {"cached_tokens": job.reused},
+        }
+        self._finish(job, reason)
+        self._count("ok")
+        job.emit("done", reason, usage)
+
+    def _finish(self, job: Job, reason: str | None) -> None:
+        with self._lock:
+            if self._active.get(job.slot) is job:
+                del self._active[job.slot]
+        # What the slot's cache now holds: the prompt and every token fed back so far.
+        fed = np.asarray(job.tokens[:-1], np.int64)
+        self._held[job.slot] = np.concatenate([job.prompt, fed])
+        self.slots.release(job.slot)
+
+    def _count(self, outcome: str) -> None:
+        self.stats.requests[outcome] = self.stats.requests.get(outcome, 0) + 1
+
+    def _logprob(self, job: Job, logits: np.ndarray, token: int) -> dict[str, Any]:
+        row = logits.astype(np.float64)
+        row = row - row.max()
+        logp = row - np.log(np.exp(row).sum())
+        entry = {"id": token, "logprob": float(logp[token]), "top": []}
+        k = job.sampling.top_logprobs
+        if k:
+            top = np.argpartition(-logp, k)[:k]
+            top = top[np.argsort(-logp[top], kind="stable")]
+            entry["top"] = [(int(t), float(logp[t])) for t in top]
+        return entry
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest end of ``text`` that is a proper start of ``stop``."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0

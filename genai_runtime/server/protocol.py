@@ -1,0 +1,322 @@
+"""OpenAI request bodies parsed strictly into ``Sampling`` + prompt; the error envelope.
+
+Everything a client sends is untrusted: each field is type- and range-checked here, and a bad
+one becomes an ``APIError`` naming the field (HTTP 400), never an exception deeper down.
+Unknown fields are ignored (their names, not their values, are logged by the app).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+CHAT_FIELDS = frozenset(
+    [
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "n",
+        "stop",
+        "seed",
+        "stream",
+        "stream_options",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+        "frequency_penalty",
+        "presence_penalty",
+        "user",
+    ]
+)
+COMPLETION_FIELDS = frozenset(
+    [
+        "model",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "n",
+        "stop",
+        "seed",
+        "stream",
+        "stream_options",
+        "logprobs",
+        "echo",
+        "frequency_penalty",
+        "presence_penalty",
+        "user",
+        "suffix",
+        "best_of",
+    ]
+)
+MAX_STOP = 4
+MAX_STOP_CHARS = 256
+MAX_TOP_LOGPROBS = 20
+ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
+
+
+class APIError(Exception):
+    """An error answered with OpenAI's ``{"error": {message, type, param, code}}`` body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# response_format type -> factory(tokenizer, format object) returning a logits processor
+# ``(tokens, logits) -> logits`` or None. Constrained decoding (json_schema / json_object) plugs
+# in here as one more entry once the logits-chain guidance lands.
+RESPONSE_FORMATS: dict[str, Callable[[Any, Mapping[str, Any]], Any] | None] = {
+    "text": None,
+}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What one request asks of the engine (everything already validated)."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    response_format: Mapping[str, Any] | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    model: str
+    sampling: Sampling
+    stream: bool = False
+    include_usage: bool = False
+    messages: list[dict[str, str]] | None = None  # chat
+    prompt: str | list[int] | None = None  # completions
+    unknown: tuple[str, ...] = field(default=())
+
+
+def _number(body: Mapping[str, Any], key: str, low: float, high: float, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad(f"{key} must be a number, got {_show(value)}", key)
+    if not low <= value <= high:
+        raise bad(f"{key} must be in [{low}, {high}], got {value}", key)
+    return float(value)
+
+
+def _int(body: Mapping[str, Any], key: str, low: int, high: int | None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise bad(f"{key} must be an integer, got {_show(value)}", key)
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise bad(f"{key} must be {bound}, got {value}", key)
+    return value
+
+
+def _bool(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad(f"{key} must be true or false, got {_show(value)}", key)
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise bad("stop must be a string or a list of strings", "stop")
+    if len(items) > MAX_STOP:
+        raise bad(f"stop takes at most {MAX_STOP} strings, got {len(items)}", "stop")
+    if any(not s or len(s) > MAX_STOP_CHARS for s in items):
+        raise bad(f"each stop string must have 1..{MAX_STOP_CHARS} characters", "stop")
+    return tuple(items)
+
+
+def _common(body: Mapping[str, Any], chat: bool) -> tuple[str, Sampling, bool, bool]:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model is required and must be a string (a served model name)", "model")
+    n = _int(body, "n", 1, None)
+    if n not in (None, 1):
+        raise bad(f"n must be 1 (one choice per request), got {n}", "n", "unsupported_value")
+    if body.get("best_of") not in (None, 1):
+        raise bad("best_of must be 1", "best_of", "unsupported_value")
+    for key in ("frequency_penalty", "presence_penalty"):
+        if _number(body, key, -2.0, 2.0, 0.0) != 0.0:
+            raise bad(f"{key} is not supported (only 0)", key, "unsupported_value")
+    if body.get("echo") not in (None, False):
+        raise bad("echo is not supported", "echo", "unsupported_value")
+    if body.get("suffix") not in (None, ""):
+        raise bad("suffix is not supported", "suffix", "unsupported_value")
+    max_tokens = _int(body, "max_tokens", 1, None)
+    if chat:
+        extra = _int(body, "max_completion_tokens", 1, None)
+        if extra is not None:
+            if max_tokens is not None and max_tokens != extra:
+                raise bad(
+                    "max_tokens and max_completion_tokens disagree; send one",
+                    "max_completion_tokens",
+                )
+            max_tokens = extra
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad("stream_options is only allowed with stream: true", "stream_options")
+        if not isinstance(options, dict):
+            raise bad("stream_options must be an object", "stream_options")
+        include_usage = _bool(options, "include_usage")
+    if chat:
+        logprobs = _bool(body, "logprobs")
+        top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+        if top and not logprobs:
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+    else:  # the legacy form: logprobs is how many alternatives to list
+        top = _int(body, "logprobs", 0, 5)
+        logprobs = top is not None
+        top = top or 0
+    sampling = Sampling(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
+        top_k=_int(body, "top_k", 0, None) or 0,
+        seed=_int(body, "seed", -(2**63), 2**63 - 1),
+        stop=_stop(body),
+        logprobs=logprobs,
+        top_logprobs=top,
+        response_format=_response_format(body) if chat else None,
+    )
+    return model, sampling, stream, include_usage
+
+
+def _response_format(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    value = body.get("response_format")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise bad('response_format must be an object with a "type"', "response_format")
+    kind = value["type"]
+    if kind not in RESPONSE_FORMATS:
+        raise bad(
+            f"response_format type {kind!r} is not supported by this server yet (constrained "
+            f"decoding is not available); supported: {', '.join(sorted(RESPONSE_FORMATS))}",
+            "response_format",
+            "unsupported_value",
+        )
+    return value if RESPONSE_FORMATS[kind] is not None else None
+
+
+def _content(value: Any, i: int) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, list):  # [{"type": "text", "text": ...}, ...]
+        parts = []
+        for part in value:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise bad("only text content parts are supported", f"messages[{i}].content", None)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad("message content must be a string or a list of text parts", f"messages[{i}]")
+
+
+def parse_chat(body: Any) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    model, sampling, stream, usage = _common(body, chat=True)
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad("messages must be a non-empty list", "messages")
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise bad("each message must be an object", f"messages[{i}]")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad(
+                f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}",
+                f"messages[{i}].role",
+            )
+        messages.append({"role": role, "content": _content(m.get("content"), i)})
+    unknown = tuple(sorted(k for k in body if k not in CHAT_FIELDS))
+    return ParsedRequest(model, sampling, stream, usage, messages=messages, unknown=unknown)
+
+
+def parse_completion(body: Any) -> ParsedRequest:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    model, sampling, stream, usage = _common(body, chat=False)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise bad("prompt must be a string or a non-empty list of token ids", "prompt")
+    elif not isinstance(prompt, str) or not prompt:
+        raise bad("prompt must be a non-empty string (one prompt per request)", "prompt")
+    unknown = tuple(sorted(k for k in body if k not in COMPLETION_FIELDS))
+    return ParsedRequest(model, sampling, stream, usage, prompt=prompt, unknown=unknown)
