@@ -135,6 +135,10 @@ class KVCacheSpec:
     num_kv_heads: int | None = None
     head_size: int | None = None
     sliding_window: SlidingWindowSpec | None = None
+    # static-scatter driver inputs (int64 [batch]); None: the conventional names
+    write_indices: str | None = None
+    nonpad_kv_seqlen: str | None = None
+    num_kv_blocks: int | None = None  # graph-scattered caches read in this many blocks
 
 
 @dataclass(frozen=True)

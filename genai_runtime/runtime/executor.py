@@ -66,9 +66,6 @@ class Executor:
         self.batch_size = batch_size
         self.max_length = max_length
         self.stages = [_Stage(p, sessions[p.name]) for p in plan.stages]
-        self.cache: KVCache | None = (
-            make_cache(kv_plan, batch_size, max_length) if kv_plan else None
-        )
         mask_dtype = pos_dtype = np.dtype(np.int64)
         for stage in plan.stages:
             for feed in stage.feeds_from("role"):
@@ -77,6 +74,9 @@ class Executor:
                 elif feed.role == "position_ids":
                     pos_dtype = feed.info.dtype
         self.positions = PositionState(batch_size, max_length, pad_token_id, mask_dtype, pos_dtype)
+        self.cache: KVCache | None = (
+            make_cache(kv_plan, batch_size, max_length, self.positions) if kv_plan else None
+        )
         self.user_inputs: dict[str, ort.OrtValue] = {}
         self._ids: dict[tuple, np.ndarray] = {}
         self._scalars: dict[str, np.ndarray] = {}

@@ -112,7 +112,10 @@ def build_plan(spec: PipelineSpec, ios: Mapping[str, SessionIO]) -> Plan:
                     f"{layout.file}'s ({layout.pattern}); step stages must share one cache"
                 )
             layout = stage_layout
-        kv_names = {n for layer in stage_layout.past for n in layer} if stage_layout else set()
+        kv_names = set()
+        if stage_layout is not None:  # the cache feeds its tensors and its driver inputs
+            kv_names = {n for layer in stage_layout.past for n in layer}
+            kv_names.update(name for _, name in stage_layout.drivers)
         feeds = []
         wired = {w.dst_tensor: w for w in spec.dataflow if w.dst == step.run}
         roles = {role_name(session, r): r for r in INPUT_ROLES}
