@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config.spec import KVCacheSpec, SessionSpec
-from ..errors import ConfigError, ConfigProblem, ModelError, UnsupportedError
+from ..errors import ConfigError, ConfigProblem, ModelError
 from ..runtime.graph_io import SessionIO, TensorInfo
 from .base import KVCache, KVLayout
 from .concat import ConcatCache
