@@ -1,0 +1,209 @@
+"""Every KV-cache layout of the same tiny decoder against a NumPy recompute with no cache: greedy
+tokens and per-step logits, batch 1 and batch 3 with uneven right-padded prompts, rewinds, a
+generated pad token, sliding windows, in-place buffers, and the errors at the edges."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import layouts as L
+import numpy as np
+import pytest
+
+import genai_runtime as og
+from genai_runtime.errors import GenerationError, ModelError
+
+ATOL = 1e-4
+PROMPTS = [[5, 9, 3, 7, 12], [4, 8], [6, 2, 11, 13]]  # uneven: rows 1 and 2 are right-padded
+
+
+@pytest.fixture(scope="module")
+def w() -> dict[str, np.ndarray]:
+    return L.weights()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, w) -> dict[str, og.Model]:
+    root = tmp_path_factory.mktemp("layouts")
+    return {layout: og.Model(L.folder(root, layout, w)) for layout in L.LAYOUTS}
+
+
+def _generator(model: og.Model, **options) -> og.Generator:
+    params = og.GeneratorParams(model)
+    params.set_search_options(**options)
+    return og.Generator(model, params)
+
+
+def _padded(prompts: list[list[int]]) -> np.ndarray:
+    width = max(map(len, prompts))
+    return np.array([p + [L.PAD] * (width - len(p)) for p in prompts], np.int64)
+
+
+def _rows(generator: og.Generator, prompts: list[list[int]]) -> list[list[int]]:
+    """Each row's real tokens: its prompt without padding, then what was generated."""
+    width = max(map(len, prompts))
+    return [p + generator.get_sequence(b)[width:].tolist() for b, p in enumerate(prompts)]
+
+
+def _step_and_check(generator, prompts, w, steps, window=None, window_layers=()) -> None:
+    """Generate ``steps`` tokens; before each, the logits of every row equal the recompute."""
+    for _ in range(steps):
+        logits = generator.get_logits()[:, 0]
+        for b, tokens in enumerate(_rows(generator, prompts)):
+            ref = L.reference_logits(tokens, w, window, window_layers)[-1]
+            np.testing.assert_allclose(logits[b], ref, atol=ATOL, rtol=0)
+        generator.generate_next_token()
+        assert generator.get_next_tokens().tolist() == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("layout", L.LAYOUTS)
+def test_batch1_greedy_equals_recompute_without_cache(models, w, layout) -> None:
+    generator = _generator(models[layout], max_length=L.CAPACITY)
+    assert generator.kv_plan.kind == layout
+    generator.append_tokens(PROMPTS[0])
+    cache = generator.kv_cache
+    _step_and_check(generator, PROMPTS[:1], w, 3)
+    if layout != "concat":  # written in place: the same buffers every step, no copies
+        before = [a.__array_interface__["data"][0] for a in cache._arrays]
+        nbytes = cache.nbytes
+    _step_and_check(generator, PROMPTS[:1], w, L.CAPACITY - len(PROMPTS[0]) - 4)
+    if layout != "concat":
+        assert [a.__array_interface__["data"][0] for a in cache._arrays] == before
+        assert cache.nbytes == nbytes
+    per_token = 2 * L.LAYERS * L.KV_HEADS * L.HEAD * 4
+    assert cache.nbytes >= cache.length * per_token
+    assert cache.capacity >= cache.length == generator.token_count() - 1
+
+
+@pytest.mark.parametrize("layout", L.LAYOUTS)
+def test_batch3_uneven_prompts_equal_recompute(models, w, layout) -> None:
+    generator = _generator(models[layout], max_length=L.CAPACITY, batch_size=3)
+    generator.append_tokens(_padded(PROMPTS))
+    _step_and_check(generator, PROMPTS, w, 12)
+
+
+@pytest.mark.parametrize("layout", L.LAYOUTS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_rewind_to_the_middle_then_generate(models, w, layout, batch) -> None:
+    prompts = PROMPTS[:batch]
+    generator = _generator(models[layout], max_length=L.CAPACITY, batch_size=batch)
+    generator.append_tokens(_padded(prompts))
+    _step_and_check(generator, prompts, w, 10)
+    middle = generator.token_count() - 6
+    generator.rewind_to(middle)
+    # Steer away from what was generated before, so stale cache rows would show.
+    logits = generator.get_logits()[:, 0]
+    forced = np.where(np.arange(L.VOCAB) == (logits.argmax(-1)[:, None] + 1) % 30, 50.0, 0.0)
+    generator.set_logits(forced.astype(np.float32))
+    generator.generate_next_token()
+    _step_and_check(generator, prompts, w, 8)
+
+
+@pytest.mark.parametrize("layout", L.LAYOUTS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_generated_pad_token_does_not_stall_the_cache(models, w, layout, batch) -> None:
+    prompts = PROMPTS[:batch]
+    generator = _generator(models[layout], max_length=L.CAPACITY, batch_size=batch)
+    generator.append_tokens(_padded(prompts))
+    _step_and_check(generator, prompts, w, 2)
+    pad = np.full((batch, L.VOCAB), -50.0, np.float32)
+    pad[:, L.PAD] = 50.0
+    generator.get_logits()
+    generator.set_logits(pad)
+    generator.generate_next_token()
+    assert generator.get_next_tokens().tolist() == [L.PAD] * batch
+    _step_and_check(generator, prompts, w, 6)
+
+
+def test_static_scatter_capacity_is_a_clear_error_and_the_generator_survives(tmp_path, w):
+    folder = L.folder(tmp_path, "static-scatter", w)
+    doc = json.loads((folder / "genai_config.json").read_text())
+    doc["search"]["max_length"] = L.CAPACITY + 8  # longer than the graph's max_seq_len
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    generator = _generator(og.Model(folder))
+    generator.append_tokens(PROMPTS[0])
+    _step_and_check(generator, PROMPTS[:1], w, L.CAPACITY - len(PROMPTS[0]))
+    with pytest.raises(GenerationError, match="max_seq_len 24"):
+        generator.generate_next_token()
+        generator.get_logits()
+    generator.rewind_to(10)
+    _step_and_check(generator, PROMPTS[:1], w, 5)
+
+
+@pytest.mark.parametrize("layout", L.LAYOUTS)
+@pytest.mark.parametrize(("window", "layers"), [(4, [0]), (3, [])])
+def test_sliding_window_past_the_window_equals_windowed_attention(
+    tmp_path, w, layout, window, layers
+) -> None:
+    model = og.Model(L.folder(tmp_path, layout, w, window=window, window_layers=layers))
+    for batch in (1, 3):
+        generator = _generator(model, max_length=20, batch_size=batch)
+        generator.append_tokens(_padded(PROMPTS[:batch]))
+        _step_and_check(generator, PROMPTS[:batch], w, 12, window, layers)
+
+
+def test_share_buffer_first_chunk_holds_a_window_longer_than_max_length(tmp_path, w) -> None:
+    # GroupQueryAttention refuses a buffer shorter than local_window_size, even when unused.
+    model = og.Model(L.folder(tmp_path, "share-buffer", w, window=32, window_layers=[1]))
+    generator = _generator(model, max_length=12)
+    generator.append_tokens(PROMPTS[0])
+    assert generator.kv_cache.capacity == 32
+    assert "32-token local window" in generator.kv_plan.reason
+    _step_and_check(generator, PROMPTS[:1], w, 6)
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_kv_hidden_mismatch_between_config_and_graph(tmp_path, w) -> None:
+    folder = L.folder(tmp_path, "static-scatter", w)
+    doc = json.loads((folder / "genai_config.json").read_text())
+    doc["model"]["decoder"]["num_key_value_heads"] = 4  # 4 x 8 = 32, the graph has 16
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelError, match=r"key_cache\.0.*kv_hidden 16.*= 32"):
+        og.Model(folder)
+
+
+def test_batch_beyond_a_static_batch_graph(tmp_path, w) -> None:
+    folder = tmp_path / "static-batch"
+    L.build("static-scatter", folder / "model.onnx", w, static_batch=1)
+    (folder / "genai_config.json").write_text(json.dumps(L.config("static-scatter")))
+    model = og.Model(folder)
+    with pytest.raises(ModelError, match=r"fixes batch size 1; batch_size 2"):
+        _generator(model, batch_size=2)
+    generator = _generator(model, max_length=12)  # batch 1 still runs
+    generator.append_tokens(PROMPTS[0])
+    _step_and_check(generator, PROMPTS[:1], w, 3)
+
+
+def test_driver_inputs_on_a_4d_graph_fall_back_with_a_warning(tmp_path, w) -> None:
+    """A concat graph that also takes write_indices / nonpad_kv_seqlen (here: ignored by the
+    math) runs on the generic cache, with the drivers fed, after a warning."""
+    folder = tmp_path / "concat-drivers"
+    path = L.build("concat", folder / "model.onnx", w)
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path))
+    for name in ("write_indices", "nonpad_kv_seqlen"):
+        model.graph.input.append(helper.make_tensor_value_info(name, TensorProto.INT64, ["b"]))
+        model.graph.output.append(
+            helper.make_tensor_value_info(name + "_out", TensorProto.INT64, ["b"])
+        )
+        model.graph.node.append(helper.make_node("Identity", [name], [name + "_out"]))
+    onnx.save(model, str(path))
+    doc = L.config("concat")
+    doc["model"]["decoder"]["inputs"]["write_indices"] = "write_indices"
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    loaded = og.Model(folder)
+    with pytest.warns(RuntimeWarning, match="using the generic concat cache"):
+        generator = _generator(loaded, max_length=16, batch_size=3)
+    generator.append_tokens(_padded(PROMPTS))
+    assert generator.get_output("write_indices_out").tolist() == [0, 0, 0]
+    assert generator.get_output("nonpad_kv_seqlen_out").tolist() == [5, 2, 4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _step_and_check(generator, PROMPTS, w, 3)
+    assert generator.get_output("write_indices_out").tolist() == [6, 3, 5]  # prompt + 2 decodes ran
+    assert generator.get_output("nonpad_kv_seqlen_out").tolist() == [7, 4, 6]
