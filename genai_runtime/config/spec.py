@@ -114,6 +114,7 @@ class SlidingWindowSpec:
     slide_key_value_cache: bool = True
     slide_inputs: bool = True
     layers: tuple[int, ...] = ()  # layers that use the window; empty: all of them
+    cache_slack: int = 0  # rows a windowed cache keeps beyond the window; 0: the default (16)
 
 
 @dataclass(frozen=True)

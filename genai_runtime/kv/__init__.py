@@ -14,6 +14,7 @@ from .base import KVCache, KVLayout
 from .concat import ConcatCache
 from .drivers import DriverFed
 from .share_buffer import ShareBufferCache
+from .sliding_window import SlidingWindowCache
 from .static_scatter import StaticScatterCache
 
 if TYPE_CHECKING:
@@ -23,12 +24,14 @@ CACHE_KINDS: dict[str, type] = {
     "concat": ConcatCache,
     "share-buffer": ShareBufferCache,
     "static-scatter": StaticScatterCache,
+    "sliding-window": SlidingWindowCache,
 }
 # The layout each kind can hold (what "kind" may force on a graph).
 _KIND_FORMATS = {
     "concat": ("separate", "combined"),
     "share-buffer": ("separate",),
     "static-scatter": ("scatter",),
+    "sliding-window": ("separate",),
 }
 
 # (past key, past value, present key, present value); value None = combined [2, B, H, S, D].
@@ -157,6 +160,7 @@ def _layout(io, kv, session, past_k, past_v, present_k, present_v, layers) -> KV
         drivers=_drivers(io, kv, session),
         window=window.window_size if window else None,
         window_layers=window.layers if window else (),
+        window_slack=window.cache_slack if window else 0,
     )
 
 
@@ -234,6 +238,11 @@ def plan_cache(layout: KVLayout, kv: KVCacheSpec, share_buffer: bool) -> KVPlan:
                                f"{kv.kind} needs {' or '.join(formats)} caches; "
                                f"{layout.file} declares the {layout.format} layout")]
             )  # fmt: skip
+        if kv.kind == "sliding-window" and not layout.window:
+            raise ConfigError(
+                [ConfigProblem("pipeline.state.kv_cache.sliding_window",
+                               "kind sliding-window needs sliding_window.window_size")]
+            )  # fmt: skip
         return KVPlan(kv.kind, layout, "set by pipeline.state.kv_cache.kind")
     plan = _auto_plan(layout, share_buffer)
     if layout.drivers and plan.kind != "static-scatter":
@@ -257,11 +266,16 @@ def _auto_plan(layout: KVLayout, share_buffer: bool) -> KVPlan:
             f"3-D [B, {layout.static_capacity}, kv_hidden] caches with write_indices / "
             "nonpad_kv_seqlen: the graph scatters into them in place",
         )
+    if layout.format == "separate" and share_buffer and layout.window:
+        which = f"layers {list(layout.window_layers)}" if layout.window_layers else "all layers"
+        return KVPlan(
+            "sliding-window",
+            layout,
+            f"past_present_share_buffer with a {layout.window}-token sliding window on {which}: "
+            "those keep window + slack rows, GroupQueryAttention evicts in place",
+        )
     if layout.format == "separate" and share_buffer:
-        reason = "separate caches and past_present_share_buffer"
-        if layout.window:
-            reason += f"; first chunk holds the {layout.window}-token local window"
-        return KVPlan("share-buffer", layout, reason)
+        return KVPlan("share-buffer", layout, "separate caches and past_present_share_buffer")
     if layout.format == "combined" and share_buffer:
         return KVPlan("concat", layout, "combined layout cannot share past/present buffers")
     return KVPlan("concat", layout, f"{layout.format} caches, past_present_share_buffer off")

@@ -35,6 +35,7 @@ class KVLayout:
     drivers: tuple[tuple[str, str], ...] = ()
     window: int | None = None  # sliding-window size the graph's local layers attend over
     window_layers: tuple[int, ...] = ()  # the windowed layers; empty: all of them
+    window_slack: int = 0  # rows a windowed cache keeps beyond the window (0: default)
 
     @property
     def num_layers(self) -> int:

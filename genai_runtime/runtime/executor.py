@@ -126,9 +126,9 @@ class Executor:
         return self._read_logits(n)
 
     def rewind_to(self, length: int) -> None:
-        self.positions.rewind_to(length)
-        if self.cache is not None:
+        if self.cache is not None:  # first: a cache may refuse (evicted rows), changing nothing
             self.cache.rewind_to(length)
+        self.positions.rewind_to(length)
 
     # -- feeding ---------------------------------------------------------------------------
 

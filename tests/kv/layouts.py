@@ -241,6 +241,7 @@ def build(
                     kv_num_heads=KV_HEADS,
                     scale=HEAD**-0.5,
                     local_window_size=win or -1,
+                    **({"sliding_window_cache": 1} if win else {}),
                 )
             )
         else:
@@ -263,7 +264,13 @@ def build(
     return path
 
 
-def config(layout: str, *, window: int | None = None, window_layers: Sequence[int] = ()) -> dict:
+def config(
+    layout: str,
+    *,
+    window: int | None = None,
+    window_layers: Sequence[int] = (),
+    cache_slack: int = 0,
+) -> dict:
     """The v1 genai_config.json for ``build(layout, ...)``'s model.onnx."""
     inputs = {"input_ids": "input_ids", "position_ids": "position_ids"}
     outputs = {"logits": "logits"}
@@ -300,6 +307,7 @@ def config(layout: str, *, window: int | None = None, window_layers: Sequence[in
             "layers": list(window_layers),
             "slide_key_value_cache": False,
             "slide_inputs": False,
+            "cache_slack": cache_slack,
         }
     return {
         "model": {
@@ -326,10 +334,11 @@ def folder(
     *,
     window: int | None = None,
     window_layers: Sequence[int] = (),
+    cache_slack: int = 0,
 ) -> Path:
     """A model folder (model.onnx + genai_config.json) for ``layout``."""
     out = root / layout
     build(layout, out / "model.onnx", w, window=window, window_layers=window_layers)
-    doc = config(layout, window=window, window_layers=window_layers)
+    doc = config(layout, window=window, window_layers=window_layers, cache_slack=cache_slack)
     (out / "genai_config.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
     return out

@@ -13,6 +13,7 @@ import pytest
 
 import genai_runtime as og
 from genai_runtime.errors import GenerationError, ModelError
+from genai_runtime.kv.share_buffer import ShareBufferCache
 
 ATOL = 1e-4
 PROMPTS = [[5, 9, 3, 7, 12], [4, 8], [6, 2, 11, 13]]  # uneven: rows 1 and 2 are right-padded
@@ -136,20 +137,53 @@ def test_static_scatter_capacity_is_a_clear_error_and_the_generator_survives(tmp
 def test_sliding_window_past_the_window_equals_windowed_attention(
     tmp_path, w, layout, window, layers
 ) -> None:
-    model = og.Model(L.folder(tmp_path, layout, w, window=window, window_layers=layers))
+    # cache_slack 2: the share-buffer graph's windowed layers keep window + 2 rows and evict.
+    folder = L.folder(tmp_path, layout, w, window=window, window_layers=layers, cache_slack=2)
+    model = og.Model(folder)
+    # GroupQueryAttention's sliding_window_cache refuses right-padded prompts (seqlens_k below
+    # the prompt width), so that graph gets an even batch; the others take the uneven one.
+    even = [PROMPTS[0], PROMPTS[2] + [14], PROMPTS[1] + [3, 1, 9]]
     for batch in (1, 3):
+        prompts = (even if layout == "share-buffer" else PROMPTS)[:batch]
         generator = _generator(model, max_length=20, batch_size=batch)
-        generator.append_tokens(_padded(PROMPTS[:batch]))
-        _step_and_check(generator, PROMPTS[:batch], w, 12, window, layers)
+        if layout == "share-buffer":
+            assert generator.kv_plan.kind == "sliding-window"
+            assert generator.kv_cache.window_capacity == window + 2
+        generator.append_tokens(_padded(prompts))
+        _step_and_check(generator, prompts, w, 12, window, layers)
+        if layout == "share-buffer":
+            assert generator.kv_cache.evicted
 
 
-def test_share_buffer_first_chunk_holds_a_window_longer_than_max_length(tmp_path, w) -> None:
+def test_sliding_window_rewind_works_until_rows_are_evicted(tmp_path, w) -> None:
+    folder = L.folder(tmp_path, "share-buffer", w, window=4, window_layers=[0], cache_slack=2)
+    generator = _generator(og.Model(folder), max_length=20)
+    short = [PROMPTS[0][:3]]
+    generator.append_tokens(short[0])
+    _step_and_check(generator, short, w, 2, 4, [0])
+    generator.rewind_to(4)  # 5 tokens seen, capacity 6: nothing evicted yet
+    _step_and_check(generator, short, w, 6, 4, [0])
+    assert generator.kv_cache.evicted
+    sequence = generator.get_sequence(0).tolist()
+    with pytest.raises(GenerationError, match="evicted"):
+        generator.rewind_to(6)
+    assert generator.get_sequence(0).tolist() == sequence  # refused: nothing changed
+    _step_and_check(generator, short, w, 2, 4, [0])  # and generation carries on
+    generator.rewind_to(0)
+    generator.append_tokens(PROMPTS[0])
+    _step_and_check(generator, PROMPTS[:1], w, 3, 4, [0])
+
+
+def test_share_buffer_first_chunk_holds_the_local_window(tmp_path, w) -> None:
     # GroupQueryAttention refuses a buffer shorter than local_window_size, even when unused.
     model = og.Model(L.folder(tmp_path, "share-buffer", w, window=32, window_layers=[1]))
-    generator = _generator(model, max_length=12)
+    layout = model.plan.layout
+    cache = ShareBufferCache(layout, 1, 12)
+    cache.reserve(5)
+    assert cache.capacity == 32
+    generator = _generator(model, max_length=12)  # the sliding-window kind: same rule
     generator.append_tokens(PROMPTS[0])
-    assert generator.kv_cache.capacity == 32
-    assert "32-token local window" in generator.kv_plan.reason
+    assert generator.kv_cache.window_capacity == 32
     _step_and_check(generator, PROMPTS[:1], w, 6)
 
 
