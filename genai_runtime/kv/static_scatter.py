@@ -20,8 +20,13 @@ if TYPE_CHECKING:
 
 
 class RowDrivers:
-    """``write_indices`` (valid tokens per row before a pass) and ``nonpad_kv_seqlen`` (after it):
-    two int64 ``[B]`` buffers bound by pointer once and refilled in place every pass."""
+    """``write_indices`` (valid tokens per row before a pass) and ``nonpad_kv_seqlen`` (rows
+    written by the end of it): two int64 ``[B]`` buffers bound by pointer once, refilled in place.
+
+    A right-padded prompt row counts its pad columns on the prompt pass: graphs with
+    ``is_causal`` align queries to the end of ``nonpad_kv_seqlen``, and the pads, sitting after
+    the real tokens, are never visible to them. The next pass writes over them at the real length.
+    """
 
     def __init__(self, layout: KVLayout, batch_size: int, positions: PositionState):
         self.names = dict(layout.drivers)
@@ -30,7 +35,8 @@ class RowDrivers:
         self._positions = positions
 
     def update(self, num_new: int) -> None:
-        self._positions.valid_counts(num_new, self.before, self.after)
+        self._positions.rows_before(num_new, self.before)
+        np.add(self.before, num_new, out=self.after)
 
     def bind(self, stage: BoundSession) -> None:
         for role, array in (("write_indices", self.before), ("nonpad_kv_seqlen", self.after)):

@@ -70,19 +70,15 @@ class PositionState:
         self._prompt_length = n
         self.last_index[:] = np.maximum(last, 0)
 
-    def valid_counts(self, n: int, before: np.ndarray, after: np.ndarray) -> None:
-        """Fill int64 ``[B]`` arrays with each row's valid (non-pad) tokens before and after the
-        pass of ``n`` tokens just recorded; a padded prompt row starts at 0 and ends at its own
-        length (its pad columns are overwritten by the next pass)."""
+    def rows_before(self, n: int, out: np.ndarray) -> None:
+        """Fill an int64 ``[B]`` array with each row's valid (non-pad) tokens before the pass of
+        ``n`` tokens just recorded (0 on a prompt pass, pad columns included in none)."""
         if self.batch_size == 1:
-            after[0] = self.length
-            before[0] = self.length - n
-            return
-        after[:] = self._next
-        if self.length == n:
-            before[:] = 0
+            out[0] = self.length - n
+        elif self.length == n:
+            out[:] = 0
         else:
-            np.subtract(self._next, n, out=before)
+            np.subtract(self._next, n, out=out)
 
     @property
     def prompt_length(self) -> int:

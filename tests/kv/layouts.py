@@ -247,10 +247,13 @@ def build(
         else:
             g.named("TensorScatter", [pk, k, "write_indices"], qk, axis=1)
             g.named("TensorScatter", [pv, v, "write_indices"], qv, axis=1)
-            allowed = _band(g, q_abs, k_idx, win)  # [B, 1, S, T]
+            # As mobius exports it: is_causal, queries aligned to the end of nonpad_kv_seqlen;
+            # a windowed layer needs an explicit band mask instead.
+            allowed = _band(g, q_abs, k_idx, win) if win else ""  # [B, 1, S, T]
             o = g.op(
                 "Attention", q, qk, qv, allowed, "", "", "nonpad_kv_seqlen",
                 outputs=1, q_num_heads=HEADS, kv_num_heads=KV_HEADS, scale=HEAD**-0.5,
+                is_causal=0 if win else 1,
             )  # fmt: skip
         x = g.op("Add", x, g.op("MatMul", o, g.weight(f"wo{i}", w[f"wo{i}"])))
     logits = g.op("MatMul", x, g.weight("lm", w["lm"]))
