@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import genai_runtime as og
-from genai_runtime.errors import GenerationError, ModelError
+from genai_runtime.errors import ConfigError, GenerationError, ModelError
 from genai_runtime.kv.share_buffer import ShareBufferCache
 
 ATOL = 1e-4
@@ -241,3 +241,51 @@ def test_driver_inputs_on_a_4d_graph_fall_back_with_a_warning(tmp_path, w) -> No
         _step_and_check(generator, PROMPTS, w, 3)
     assert generator.get_output("write_indices_out").tolist() == [6, 3, 5]  # prompt + 2 decodes ran
     assert generator.get_output("nonpad_kv_seqlen_out").tolist() == [7, 4, 6]
+
+
+def _v2_static(kind: str, past: str, present: str) -> dict:
+    names = {"input_ids": "input_ids", "position_ids": "position_ids"}
+    return {
+        "version": 2,
+        "pipeline": {
+            "extends": "autoregressive-decoder",
+            "sessions": {"decoder": {"file": "model.onnx", "inputs": names}},
+            "state": {
+                "kv_cache": {
+                    "kind": kind,
+                    "past_key_pattern": past % "key",
+                    "past_value_pattern": past % "value",
+                    "present_key_pattern": present % "key",
+                    "present_value_pattern": present % "value",
+                    "write_indices": "write_indices",
+                    "nonpad_kv_seqlen": "nonpad_kv_seqlen",
+                    "num_kv_heads": L.KV_HEADS,
+                    "head_size": L.HEAD,
+                }
+            },
+        },
+        "tokens": {"bos": 1, "eos": [L.EOS], "pad": L.PAD},
+        "generation": {"do_sample": False, "max_length": L.CAPACITY},
+    }
+
+
+def test_v2_state_kv_cache_form_runs_static_scatter(tmp_path, w) -> None:
+    folder = tmp_path / "v2"
+    L.build("static-scatter", folder / "model.onnx", w)
+    doc = _v2_static("static-scatter", "%s_cache.%%d", "updated_%s_cache.%%d")
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    generator = _generator(og.Model(folder), batch_size=3)
+    assert generator.kv_plan.kind == "static-scatter"
+    generator.append_tokens(_padded(PROMPTS))
+    _step_and_check(generator, PROMPTS, w, 5)
+
+
+def test_static_scatter_kind_on_a_4d_graph_is_a_config_error(tmp_path, w) -> None:
+    folder = tmp_path / "v2-4d"
+    L.build("concat", folder / "model.onnx", w)
+    doc = _v2_static("static-scatter", "past_key_values.%%d.%s", "present.%%d.%s")
+    doc["pipeline"]["sessions"]["decoder"]["inputs"]["attention_mask"] = "attention_mask"
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    model = og.Model(folder)
+    with pytest.raises(ConfigError, match=r"kv_cache\.kind.*static-scatter needs scatter caches"):
+        _generator(model)
