@@ -13,6 +13,7 @@ from ..runtime.graph_io import SessionIO, TensorInfo
 from .base import KVCache, KVLayout
 from .concat import ConcatCache
 from .drivers import DriverFed
+from .graph_scattered import GraphScatteredCache
 from .share_buffer import ShareBufferCache
 from .sliding_window import SlidingWindowCache
 from .static_scatter import StaticScatterCache
@@ -25,6 +26,7 @@ CACHE_KINDS: dict[str, type] = {
     "share-buffer": ShareBufferCache,
     "static-scatter": StaticScatterCache,
     "sliding-window": SlidingWindowCache,
+    "graph-scattered": GraphScatteredCache,
 }
 # The layout each kind can hold (what "kind" may force on a graph).
 _KIND_FORMATS = {
@@ -32,6 +34,7 @@ _KIND_FORMATS = {
     "share-buffer": ("separate",),
     "static-scatter": ("scatter",),
     "sliding-window": ("separate",),
+    "graph-scattered": ("separate",),
 }
 
 # (past key, past value, present key, present value); value None = combined [2, B, H, S, D].
@@ -130,6 +133,12 @@ def _layout(io, kv, session, past_k, past_v, present_k, present_v, layers) -> KV
         raise ModelError(f"{io.file}: KV input {info} has an unsupported rank {info.rank}")
     heads_axis, size_axis = {"combined": (2, 4), "separate": (1, 3), "scatter": (None, 2)}[fmt]
     capacity = info.static_dim(1) if fmt == "scatter" else None
+    if fmt == "separate":  # a fixed context the graph scatters into and returns whole
+        out_info = io.outputs[present[0][0]]
+        fixed = info.static_dim(2)
+        capacity = (
+            fixed if fixed and out_info.rank == 4 and out_info.static_dim(2) == fixed else None
+        )
     hidden_sizes: tuple[int, ...] = ()
     if fmt == "scatter":
         hidden_sizes = _scatter_hidden(io, kv, past)
@@ -244,6 +253,12 @@ def plan_cache(layout: KVLayout, kv: KVCacheSpec, share_buffer: bool) -> KVPlan:
                                "kind sliding-window needs sliding_window.window_size")]
             )  # fmt: skip
         return KVPlan(kv.kind, layout, "set by pipeline.state.kv_cache.kind")
+    if kv.num_kv_blocks and layout.static_capacity and layout.static_capacity % kv.num_kv_blocks:
+        raise ConfigError(
+            [ConfigProblem("pipeline.state.kv_cache.num_kv_blocks",
+                           f"{kv.num_kv_blocks} KV blocks do not divide the context length "
+                           f"{layout.static_capacity} that {layout.file} fixes")]
+        )  # fmt: skip
     plan = _auto_plan(layout, share_buffer)
     if layout.drivers and plan.kind != "static-scatter":
         names = ", ".join(name for _, name in layout.drivers)
@@ -265,6 +280,13 @@ def _auto_plan(layout: KVLayout, share_buffer: bool) -> KVPlan:
             layout,
             f"3-D [B, {layout.static_capacity}, kv_hidden] caches with write_indices / "
             "nonpad_kv_seqlen: the graph scatters into them in place",
+        )
+    if layout.format == "separate" and layout.static_capacity:
+        return KVPlan(
+            "graph-scattered",
+            layout,
+            f"past and present both fixed at {layout.static_capacity} positions: the graph "
+            "scatters new rows at position_ids and returns the whole cache",
         )
     if layout.format == "separate" and share_buffer and layout.window:
         which = f"layers {list(layout.window_layers)}" if layout.window_layers else "all layers"

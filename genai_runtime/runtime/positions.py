@@ -80,6 +80,13 @@ class PositionState:
         else:
             np.subtract(self._next, n, out=out)
 
+    def mark_pads(self, n: int, value: int) -> None:
+        """On a padded prompt pass, set the pad columns of the position_ids just handed out
+        (by ``positions(n)``) to ``value``: graphs that scatter at positions skip -1."""
+        if self.batch_size > 1 and self.length == n:
+            out = self._pos_out[: self.batch_size * n].reshape(self.batch_size, n)
+            out[self._mask[:, :n] == 0] = value
+
     @property
     def prompt_length(self) -> int:
         return self._prompt_length

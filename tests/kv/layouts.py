@@ -30,7 +30,7 @@ LAYERS = 2
 MAX_POS = 64
 CAPACITY = 24  # the static-scatter graph's max_seq_len
 PAD, EOS = 0, VOCAB - 1
-LAYOUTS = ("concat", "share-buffer", "static-scatter")
+LAYOUTS = ("concat", "share-buffer", "static-scatter", "graph-scattered")
 
 
 def weights(seed: int = 0) -> dict[str, np.ndarray]:
@@ -143,6 +143,41 @@ def _masked_attention(g: _Graph, q: str, k: str, v: str, allowed: str) -> str:
     return g.op("Reshape", out, g.const([0, 0, HEADS * HEAD]))
 
 
+def _blocked_attention(g, q, k, v, q_abs, k_all, window, blocks: int) -> str:
+    """Attention over the cache read in ``blocks`` slices, merged with an online softmax
+    (running max, rescaled sums): the BlockedKV scheme."""
+    group = HEADS // KV_HEADS
+    q5 = g.op("Reshape", q, g.const([0, KV_HEADS, group, -1, HEAD]))
+    size = CAPACITY // blocks
+    run_max = run_sum = run_out = None
+    for b in range(blocks):
+        lo, hi = g.const([b * size]), g.const([(b + 1) * size])
+        kb = g.op("Unsqueeze", g.op("Slice", k, lo, hi, g.const([2])), g.const([2]))
+        vb = g.op("Unsqueeze", g.op("Slice", v, lo, hi, g.const([2])), g.const([2]))
+        idx = g.op("Slice", k_all, lo, hi, g.const([0]))
+        valid = g.op("GreaterOrEqual", q_abs, g.const(0))
+        allowed = g.op("And", _band(g, q_abs, idx, window), valid)
+        scores = g.op("MatMul", q5, g.op("Transpose", kb, perm=[0, 1, 2, 4, 3]))
+        scores = g.op("Mul", scores, g.const(HEAD**-0.5, np.float32))
+        scores = g.op("Where", allowed, scores, g.const(-1e9, np.float32))
+        block_max = g.op("ReduceMax", scores, g.const([-1]), keepdims=1)
+        new_max = block_max if run_max is None else g.op("Max", run_max, block_max)
+        p = g.op("Exp", g.op("Sub", scores, new_max))
+        block_sum = g.op("ReduceSum", p, g.const([-1]), keepdims=1)
+        block_out = g.op("MatMul", p, vb)
+        if run_max is None:
+            run_sum, run_out = block_sum, block_out
+        else:
+            scale = g.op("Exp", g.op("Sub", run_max, new_max))
+            run_sum = g.op("Add", g.op("Mul", run_sum, scale), block_sum)
+            run_out = g.op("Add", g.op("Mul", run_out, scale), block_out)
+        run_max = new_max
+    out = g.op("Div", run_out, run_sum)  # [B, Hkv, G, S, D]
+    out = g.op("Reshape", out, g.const([0, HEADS, -1, HEAD]))
+    out = g.op("Transpose", out, perm=[0, 2, 1, 3])
+    return g.op("Reshape", out, g.const([0, 0, HEADS * HEAD]))
+
+
 def _band(g: _Graph, q_abs: str, k_idx: str, window: int | None) -> str:
     """allowed = k <= q (and q - k < window), broadcasting q_abs [..., S, 1] and k_idx [T]."""
     allowed = g.op("LessOrEqual", k_idx, q_abs)
@@ -164,8 +199,10 @@ def build(
     window: int | None = None,
     window_layers: Sequence[int] = (),
     static_batch: int | str = "batch",
+    blocks: int = 1,
 ) -> Path:
-    """Write the decoder in ``layout`` to ``path`` and return it."""
+    """Write the decoder in ``layout`` to ``path`` and return it (``blocks``: graph-scattered
+    attention reads the cache in that many blocks, merged with an online softmax)."""
     g = _Graph()
     ints = TensorProto.INT64
     fp = TensorProto.FLOAT
@@ -183,6 +220,10 @@ def build(
             helper.make_tensor_value_info("write_indices", ints, [static_batch]),
             helper.make_tensor_value_info("nonpad_kv_seqlen", ints, [static_batch]),
         ]
+    elif layout == "graph-scattered":
+        kv_shape = [static_batch, KV_HEADS, CAPACITY, HEAD]
+        past = ("past_key.%d", "past_value.%d")
+        present = ("past_key.%d_RetainedState", "past_value.%d_RetainedState")
     else:
         kv_shape = [static_batch, KV_HEADS, "past_seq", HEAD]
         past = ("past_key_values.%d.key", "past_key_values.%d.value")
@@ -190,7 +231,8 @@ def build(
         inputs.append(
             helper.make_tensor_value_info("attention_mask", ints, [static_batch, "total"])
         )
-    present_shape = kv_shape if layout == "static-scatter" else [static_batch, KV_HEADS, "t", HEAD]
+    fixed = layout in ("static-scatter", "graph-scattered")
+    present_shape = kv_shape if fixed else [static_batch, KV_HEADS, "t", HEAD]
     for i in range(LAYERS):
         for name in past:
             inputs.append(helper.make_tensor_value_info(name % i, fp, kv_shape))
@@ -208,6 +250,16 @@ def build(
         seqlens = g.op("Cast", g.op("Sub", seqlens, g.const(1)), to=TensorProto.INT32)
         total = g.op("Shape", "attention_mask", start=1, end=2)
         total = g.op("Cast", g.op("Squeeze", total), to=TensorProto.INT32)
+    elif layout == "graph-scattered":
+        # QEfficient style: rows land at position_ids (pads carry -1: the last slot, masked).
+        q_abs = g.op("Unsqueeze", "position_ids", g.const([1, 2, 4]))  # [B, 1, 1, S, 1]
+        scatter_idx = g.op(
+            "Expand",
+            g.op("Unsqueeze", "position_ids", g.const([1, 3])),  # [B, 1, S, 1]
+            g.op("Concat", g.op("Shape", "input_ids", start=0, end=1), g.const([KV_HEADS]),
+                 g.op("Shape", "input_ids", start=1, end=2), g.const([HEAD]), axis=0),
+        )  # fmt: skip
+        k_all = g.op("Range", g.const(0), g.const(CAPACITY), g.const(1))  # [T]
     else:
         seq = g.op("Squeeze", g.op("Shape", "input_ids", start=1, end=2))
         q_abs = g.op(
@@ -229,6 +281,11 @@ def build(
             g.named("Concat", [pv, _heads(g, v, KV_HEADS)], qv, axis=2)
             allowed = g.op("And", mask, _band(g, q_abs, k_idx, win))
             o = _masked_attention(g, _heads(g, q, HEADS), qk, qv, allowed)
+        elif layout == "graph-scattered":
+            for src, dst, new_rows in ((pk, qk, k), (pv, qv, v)):
+                rows = _heads(g, new_rows, KV_HEADS)
+                g.named("ScatterElements", [src, scatter_idx, rows], dst, axis=2)
+            o = _blocked_attention(g, _heads(g, q, HEADS), qk, qv, q_abs, k_all, win, blocks)
         elif layout == "share-buffer":
             o = f"attn_{i}"
             g.nodes.append(
@@ -277,7 +334,13 @@ def config(
     """The v1 genai_config.json for ``build(layout, ...)``'s model.onnx."""
     inputs = {"input_ids": "input_ids", "position_ids": "position_ids"}
     outputs = {"logits": "logits"}
-    if layout == "static-scatter":
+    if layout == "graph-scattered":
+        inputs.update(past_key_names="past_key.%d", past_value_names="past_value.%d")
+        outputs.update(
+            present_key_names="past_key.%d_RetainedState",
+            present_value_names="past_value.%d_RetainedState",
+        )
+    elif layout == "static-scatter":
         inputs.update(
             past_key_names="key_cache.%d",
             past_value_names="value_cache.%d",
@@ -338,10 +401,12 @@ def folder(
     window: int | None = None,
     window_layers: Sequence[int] = (),
     cache_slack: int = 0,
+    blocks: int = 1,
 ) -> Path:
     """A model folder (model.onnx + genai_config.json) for ``layout``."""
-    out = root / layout
-    build(layout, out / "model.onnx", w, window=window, window_layers=window_layers)
+    out = root / (layout if blocks == 1 else f"{layout}-{blocks}")
+    build(layout, out / "model.onnx", w, window=window, window_layers=window_layers, blocks=blocks)
     doc = config(layout, window=window, window_layers=window_layers, cache_slack=cache_slack)
+
     (out / "genai_config.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")
     return out

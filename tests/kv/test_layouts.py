@@ -289,3 +289,56 @@ def test_static_scatter_kind_on_a_4d_graph_is_a_config_error(tmp_path, w) -> Non
     model = og.Model(folder)
     with pytest.raises(ConfigError, match=r"kv_cache\.kind.*static-scatter needs scatter caches"):
         _generator(model)
+
+
+def test_graph_scattered_blocks_give_the_same_logits(tmp_path, w) -> None:
+    """BlockedKV: the graph reads its cache in 1, 2 or 4 blocks merged by an online softmax."""
+    runs = {}
+    for blocks in (1, 2, 4):
+        model = og.Model(L.folder(tmp_path, "graph-scattered", w, blocks=blocks))
+        generator = _generator(model, max_length=L.CAPACITY, batch_size=3)
+        assert generator.kv_plan.kind == "graph-scattered"
+        generator.append_tokens(_padded(PROMPTS))
+        logits = []
+        for _ in range(10):
+            logits.append(generator.get_logits()[:, 0])
+            generator.generate_next_token()
+        runs[blocks] = np.stack(logits), generator.get_sequence(0).tolist()
+    for blocks in (2, 4):
+        np.testing.assert_allclose(runs[blocks][0], runs[1][0], atol=ATOL, rtol=0)
+        assert runs[blocks][1] == runs[1][1]
+
+
+def test_graph_scattered_block_count_must_divide_the_context(tmp_path, w) -> None:
+    folder = tmp_path / "blocks"
+    L.build("graph-scattered", folder / "model.onnx", w, blocks=4)
+    doc = _v2_static("auto", "past_%s.%%d", "past_%s.%%d_RetainedState")
+    kv = doc["pipeline"]["state"]["kv_cache"]
+    del kv["write_indices"], kv["nonpad_kv_seqlen"]
+    for blocks, ok in ((4, True), (5, False)):
+        kv["num_kv_blocks"] = blocks
+        (folder / "genai_config.json").write_text(json.dumps(doc))
+        model = og.Model(folder)
+        if ok:
+            generator = _generator(model, batch_size=3)
+            generator.append_tokens(_padded(PROMPTS))
+            _step_and_check(generator, PROMPTS, w, 4)
+        else:
+            with pytest.raises(ConfigError, match=r"num_kv_blocks.*5 KV blocks do not divide.* 24"):
+                _generator(model)
+
+
+def test_graph_scattered_past_the_context_is_a_clear_error(tmp_path, w) -> None:
+    folder = L.folder(tmp_path, "graph-scattered", w)
+    doc = json.loads((folder / "genai_config.json").read_text())
+    doc["search"]["max_length"] = L.CAPACITY + 4
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    generator = _generator(og.Model(folder))
+    generator.append_tokens(PROMPTS[0])
+    _step_and_check(generator, PROMPTS[:1], w, L.CAPACITY - len(PROMPTS[0]))
+    generator.get_logits()  # the 24th position still fits
+    generator.generate_next_token()
+    with pytest.raises(GenerationError, match="fixed context of 24"):
+        generator.get_logits()
+    generator.rewind_to(8)
+    _step_and_check(generator, PROMPTS[:1], w, 4)
