@@ -539,9 +539,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         params = GeneratorParams(model)
         # min_length == max_length: EOS is suppressed, so every run makes exactly new_tokens.
         params.set_search_options(max_length=total, min_length=total)
-        timing = timed_generate(Generator(model, params), ids)
+        generator = Generator(model, params)
+        timing = timed_generate(generator, ids)
         if i >= args.warmup:
             timings.append(timing)
+    cache = generator.kv_cache
     result = {
         "model": str(args.model_dir),
         "prompt_tokens": len(ids),
@@ -552,6 +554,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "decode_tok_s": statistics.median(t.decode_tok_s or 0.0 for t in timings),
         "ttft_ms": statistics.median(t.ttft_ms for t in timings),
         "peak_rss_mib": peak_rss_mib(),
+        "kv_cache": None
+        if cache is None
+        else {
+            "kind": cache.kind,
+            "length": cache.length,
+            "capacity": cache.capacity,
+            "nbytes": cache.nbytes,
+        },
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -565,4 +575,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"  decode:              {result['decode_tok_s']:.1f} tok/s")
     print(f"  time to first token: {result['ttft_ms']:.1f} ms")
     print(f"  peak RSS:            {result['peak_rss_mib']:.1f} MiB")
+    kv = result["kv_cache"]
+    if kv:
+        print(
+            f"  KV cache:            {kv['kind']}, {kv['nbytes'] / 2**20:.2f} MiB after "
+            f"{kv['length']} tokens (capacity {kv['capacity']})"
+        )
     return 0

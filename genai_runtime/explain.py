@@ -204,6 +204,9 @@ def _kv(spec: PipelineSpec, plan: Plan) -> dict[str, Any] | None:
         "dtype": str(layout.dtype),
         "bytes_per_token": layout.bytes_per_token(1),
         "static_capacity": layout.static_capacity,
+        "drivers": dict(layout.drivers),
+        "window": layout.window,
+        "window_layers": list(layout.window_layers),
     }
     share_buffer = spec.generation.past_present_share_buffer
     try:
@@ -299,6 +302,13 @@ def format_report(report: Mapping[str, Any]) -> str:
         add(f"  heads:     {kv['num_kv_heads']} (KV heads)")
         add(f"  head size: {kv['head_size']}")
         add(f"  dtype:     {kv['dtype']} ({kv['bytes_per_token']} bytes per token, batch 1)")
+        if kv.get("static_capacity"):
+            add(f"  capacity:  {kv['static_capacity']} tokens (fixed by the graph)")
+        if kv.get("drivers"):
+            add(f"  drivers:   {', '.join(kv['drivers'].values())} (fed by the cache)")
+        if kv.get("window"):
+            which = kv["window_layers"] or "all"
+            add(f"  window:    {kv['window']} tokens on layers {which}")
         kind = kv["kind"] or "unavailable"
         add(f"  kind:      {kind} ({kv['reason']})")
     return "\n".join(lines) + "\n"

@@ -114,6 +114,7 @@ class SlidingWindowSpec:
     slide_key_value_cache: bool = True
     slide_inputs: bool = True
     layers: tuple[int, ...] = ()  # layers that use the window; empty: all of them
+    cache_slack: int = 0  # rows a windowed cache keeps beyond the window; 0: the default (16)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,10 @@ class KVCacheSpec:
     num_kv_heads: int | None = None
     head_size: int | None = None
     sliding_window: SlidingWindowSpec | None = None
+    # static-scatter driver inputs (int64 [batch]); None: the conventional names
+    write_indices: str | None = None
+    nonpad_kv_seqlen: str | None = None
+    num_kv_blocks: int | None = None  # graph-scattered caches read in this many blocks
 
 
 @dataclass(frozen=True)

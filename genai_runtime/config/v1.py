@@ -149,8 +149,7 @@ def _kv_state(decoder: dict[str, Any]) -> dict[str, Any]:
     if decoder.get("head_size"):
         kv["head_size"] = decoder["head_size"]
     if "sliding_window" in decoder:
-        sw = {k: v for k, v in decoder["sliding_window"].items() if k != "cache_slack"}
-        kv["sliding_window"] = sw
+        kv["sliding_window"] = dict(decoder["sliding_window"])
     return kv
 
 

@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..config.spec import KVCacheSpec, SessionSpec
-from ..errors import ConfigError, ConfigProblem, ModelError, UnsupportedError
+from ..errors import ConfigError, ConfigProblem, ModelError
 from ..runtime.graph_io import SessionIO, TensorInfo
 from .base import KVCache, KVLayout
 from .concat import ConcatCache
+from .drivers import DriverFed
+from .graph_scattered import GraphScatteredCache
 from .share_buffer import ShareBufferCache
+from .sliding_window import SlidingWindowCache
+from .static_scatter import StaticScatterCache
+
+if TYPE_CHECKING:
+    from ..runtime.positions import PositionState
 
 CACHE_KINDS: dict[str, type] = {
     "concat": ConcatCache,
     "share-buffer": ShareBufferCache,
+    "static-scatter": StaticScatterCache,
+    "sliding-window": SlidingWindowCache,
+    "graph-scattered": GraphScatteredCache,
+}
+# The layout each kind can hold (what "kind" may force on a graph).
+_KIND_FORMATS = {
+    "concat": ("separate", "combined"),
+    "share-buffer": ("separate",),
+    "static-scatter": ("scatter",),
+    "sliding-window": ("separate",),
+    "graph-scattered": ("separate",),
 }
 
 # (past key, past value, present key, present value); value None = combined [2, B, H, S, D].
@@ -73,7 +93,7 @@ def detect_layout(io: SessionIO, kv: KVCacheSpec, session: SessionSpec) -> KVLay
     for past_k, past_v, present_k, present_v in [configured] if configured else KNOWN_PATTERNS:
         layers = _layers(past_k, io.inputs)
         if layers:
-            return _layout(io, kv, past_k, past_v, present_k, present_v, layers)
+            return _layout(io, kv, session, past_k, past_v, present_k, present_v, layers)
     return None
 
 
@@ -83,7 +103,7 @@ def configured_kv_pattern(kv: KVCacheSpec, session: SessionSpec) -> str | None:
     return configured[0] if configured else None
 
 
-def _layout(io, kv, past_k, past_v, present_k, present_v, layers) -> KVLayout:
+def _layout(io, kv, session, past_k, past_v, present_k, present_v, layers) -> KVLayout:
     combined = past_v is None
     present_k = present_k or ("present_%d" if combined else "present.%d.key")
     present_v = None if combined else (present_v or "present.%d.value")
@@ -113,10 +133,17 @@ def _layout(io, kv, past_k, past_v, present_k, present_v, layers) -> KVLayout:
         raise ModelError(f"{io.file}: KV input {info} has an unsupported rank {info.rank}")
     heads_axis, size_axis = {"combined": (2, 4), "separate": (1, 3), "scatter": (None, 2)}[fmt]
     capacity = info.static_dim(1) if fmt == "scatter" else None
+    if fmt == "separate":  # a fixed context the graph scatters into and returns whole
+        out_info = io.outputs[present[0][0]]
+        fixed = info.static_dim(2)
+        capacity = (
+            fixed if fixed and out_info.rank == 4 and out_info.static_dim(2) == fixed else None
+        )
+    hidden_sizes: tuple[int, ...] = ()
     if fmt == "scatter":
-        hidden = info.static_dim(2)
+        hidden_sizes = _scatter_hidden(io, kv, past)
         heads = kv.num_kv_heads or 1
-        size = kv.head_size or (hidden // heads if hidden else None)
+        size = kv.head_size or hidden_sizes[0] // heads
     else:
         heads = _dim(info, heads_axis, kv.num_kv_heads, "num_kv_heads", io.file)
         size = _dim(info, size_axis, kv.head_size, "head_size", io.file)
@@ -126,6 +153,7 @@ def _layout(io, kv, past_k, past_v, present_k, present_v, layers) -> KVLayout:
             f"{io.file}: KV input {info} does not state its {missing} and the config does not "
             f"give it; set pipeline.state.kv_cache.{missing}"
         )
+    window = kv.sliding_window
     return KVLayout(
         format=fmt,
         past=tuple(past),
@@ -136,7 +164,54 @@ def _layout(io, kv, past_k, past_v, present_k, present_v, layers) -> KVLayout:
         pattern=past_k,
         file=io.file,
         static_capacity=capacity,
+        static_batch=info.static_dim(1 if combined else 0),
+        hidden_sizes=hidden_sizes,
+        drivers=_drivers(io, kv, session),
+        window=window.window_size if window else None,
+        window_layers=window.layers if window else (),
+        window_slack=window.cache_slack if window else 0,
     )
+
+
+# Per-row int64 [batch] inputs a cache feeds itself, by role (their default tensor names).
+DRIVER_ROLES = ("write_indices", "nonpad_kv_seqlen")
+
+
+def _drivers(io: SessionIO, kv: KVCacheSpec, session: SessionSpec) -> tuple[tuple[str, str], ...]:
+    found = []
+    for role in DRIVER_ROLES:
+        name = getattr(kv, role) or session.inputs.get(role) or role
+        if name in io.inputs:
+            found.append((role, name))
+    return tuple(found)
+
+
+def _scatter_hidden(io: SessionIO, kv: KVCacheSpec, past: list) -> tuple[int, ...]:
+    """Each past tensor's kv_hidden ([B, S, kv_hidden]), checked against the config's heads.
+
+    Layers may differ (e.g. wider global layers); then only head_size must divide each one.
+    """
+    infos = [io.inputs[name] for names in past for name in names]
+    for info in infos:
+        if info.static_dim(1) is None or info.static_dim(2) is None:
+            raise ModelError(
+                f"{io.file}: static-scatter KV input {info} must fix its sequence and kv_hidden "
+                "dimensions"
+            )
+    sizes = tuple(info.static_dim(2) for info in infos)
+    expected = kv.num_kv_heads * kv.head_size if kv.num_kv_heads and kv.head_size else None
+    for info, hidden in zip(infos, sizes):
+        if expected is not None and len(set(sizes)) == 1 and hidden != expected:
+            raise ModelError(
+                f"{io.file}: KV input {info} has kv_hidden {hidden} but the config says "
+                f"num_kv_heads {kv.num_kv_heads} x head_size {kv.head_size} = {expected}"
+            )
+        if kv.head_size and hidden % kv.head_size:
+            raise ModelError(
+                f"{io.file}: KV input {info} has kv_hidden {hidden}, not a multiple of the "
+                f"config's head_size {kv.head_size}"
+            )
+    return sizes
 
 
 def _dim(info: TensorInfo, axis: int, configured: int | None, key: str, file: str) -> int | None:
@@ -165,21 +240,82 @@ def plan_cache(layout: KVLayout, kv: KVCacheSpec, share_buffer: bool) -> KVPlan:
                 [ConfigProblem("pipeline.state.kv_cache.kind",
                                f"unknown cache kind {kv.kind!r} (expected one of: auto, {valid})")]
             )  # fmt: skip
-        if kv.kind == "share-buffer" and layout.format != "separate":
+        formats = _KIND_FORMATS.get(kv.kind)
+        if formats and layout.format not in formats:
             raise ConfigError(
                 [ConfigProblem("pipeline.state.kv_cache.kind",
-                               f"share-buffer needs separate [B, H, S, D] caches; "
+                               f"{kv.kind} needs {' or '.join(formats)} caches; "
                                f"{layout.file} declares the {layout.format} layout")]
             )  # fmt: skip
+        if kv.kind == "sliding-window" and not layout.window:
+            raise ConfigError(
+                [ConfigProblem("pipeline.state.kv_cache.sliding_window",
+                               "kind sliding-window needs sliding_window.window_size")]
+            )  # fmt: skip
         return KVPlan(kv.kind, layout, "set by pipeline.state.kv_cache.kind")
+    if kv.num_kv_blocks and layout.static_capacity and layout.static_capacity % kv.num_kv_blocks:
+        raise ConfigError(
+            [ConfigProblem("pipeline.state.kv_cache.num_kv_blocks",
+                           f"{kv.num_kv_blocks} KV blocks do not divide the context length "
+                           f"{layout.static_capacity} that {layout.file} fixes")]
+        )  # fmt: skip
+    plan = _auto_plan(layout, share_buffer)
+    if layout.drivers and plan.kind != "static-scatter":
+        names = ", ".join(name for _, name in layout.drivers)
+        warnings.warn(
+            f"{layout.file}: the graph takes static-scatter inputs ({names}) but its KV caches "
+            f"are {layout.format}, not [B, S, kv_hidden]: using the generic {plan.kind} cache "
+            "and feeding those inputs the valid lengths before/after each pass",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        plan = KVPlan(plan.kind, layout, plan.reason + "; static-scatter inputs fed generically")
+    return plan
+
+
+def _auto_plan(layout: KVLayout, share_buffer: bool) -> KVPlan:
+    if layout.format == "scatter":
+        return KVPlan(
+            "static-scatter",
+            layout,
+            f"3-D [B, {layout.static_capacity}, kv_hidden] caches with write_indices / "
+            "nonpad_kv_seqlen: the graph scatters into them in place",
+        )
+    if layout.format == "separate" and layout.static_capacity:
+        return KVPlan(
+            "graph-scattered",
+            layout,
+            f"past and present both fixed at {layout.static_capacity} positions: the graph "
+            "scatters new rows at position_ids and returns the whole cache",
+        )
+    if layout.format == "separate" and share_buffer and layout.window:
+        which = f"layers {list(layout.window_layers)}" if layout.window_layers else "all layers"
+        return KVPlan(
+            "sliding-window",
+            layout,
+            f"past_present_share_buffer with a {layout.window}-token sliding window on {which}: "
+            "those keep window + slack rows, GroupQueryAttention evicts in place",
+        )
     if layout.format == "separate" and share_buffer:
         return KVPlan("share-buffer", layout, "separate caches and past_present_share_buffer")
     if layout.format == "combined" and share_buffer:
         return KVPlan("concat", layout, "combined layout cannot share past/present buffers")
-    if layout.format == "scatter":
-        raise UnsupportedError(f"{layout.file}: static-scatter KV caches are not supported yet")
     return KVPlan("concat", layout, f"{layout.format} caches, past_present_share_buffer off")
 
 
-def make_cache(plan: KVPlan, batch_size: int, max_length: int) -> KVCache:
-    return CACHE_KINDS[plan.kind](plan.layout, batch_size, max_length)
+def make_cache(
+    plan: KVPlan, batch_size: int, max_length: int, positions: PositionState | None = None
+) -> KVCache:
+    layout = plan.layout
+    if layout.static_batch is not None and layout.static_batch != batch_size:
+        raise ModelError(
+            f"{layout.file}: KV input {layout.past[0][0]!r} fixes batch size "
+            f"{layout.static_batch}; batch_size {batch_size} cannot run on it"
+        )
+    cls = CACHE_KINDS[plan.kind]
+    if getattr(cls, "uses_positions", False):
+        return cls(layout, batch_size, max_length, positions=positions)
+    cache = cls(layout, batch_size, max_length)
+    if layout.drivers and positions is not None:
+        return DriverFed(cache, batch_size, positions)
+    return cache

@@ -28,10 +28,21 @@ class KVLayout:
     pattern: str  # the past-key name pattern that matched, for messages
     file: str
     static_capacity: int | None = None  # scatter caches: the graph's fixed max sequence
+    static_batch: int | None = None  # a batch size the graph fixes in its KV inputs
+    # scatter caches: each past tensor's own kv_hidden, in ``past`` order (may differ per layer)
+    hidden_sizes: tuple[int, ...] = ()
+    # cache driver inputs the graph declares, role -> tensor name (write_indices, ...)
+    drivers: tuple[tuple[str, str], ...] = ()
+    window: int | None = None  # sliding-window size the graph's local layers attend over
+    window_layers: tuple[int, ...] = ()  # the windowed layers; empty: all of them
+    window_slack: int = 0  # rows a windowed cache keeps beyond the window (0: default)
 
     @property
     def num_layers(self) -> int:
         return len(self.past)
+
+    def driver(self, role: str) -> str | None:
+        return dict(self.drivers).get(role)
 
     @property
     def seq_axis(self) -> int:
@@ -46,6 +57,8 @@ class KVLayout:
         return (batch, h, seq, d)
 
     def bytes_per_token(self, batch: int) -> int:
+        if self.hidden_sizes:
+            return batch * sum(self.hidden_sizes) * self.dtype.itemsize
         per_tensor = batch * self.num_kv_heads * self.head_size * self.dtype.itemsize
         names = sum(len(p) for p in self.past)
         return per_tensor * names * (2 if self.format == "combined" else 1)

@@ -50,6 +50,8 @@ class ShareBufferCache:
             return
         chunks = -(-needed // self._growth)
         capacity = max(needed, min(self._max_length, chunks * self._growth))
+        # GroupQueryAttention refuses a buffer shorter than its local window, whatever is used.
+        capacity = max(capacity, self.layout.window or 0)
         shape = self.layout.shape(self._batch, capacity)
         arrays = []
         for i in range(sum(len(p) for p in self.layout.past)):

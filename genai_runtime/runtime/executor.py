@@ -91,9 +91,6 @@ class Executor:
         self.batch_size = batch_size
         self.max_length = max_length
         self.stages = [_Stage(p, sessions[p.name]) for p in plan.stages]
-        self.cache: KVCache | None = (
-            make_cache(kv_plan, batch_size, max_length) if kv_plan else None
-        )
         mask_dtype = pos_dtype = np.dtype(np.int64)
         for stage in plan.stages:
             for feed in stage.feeds_from("role"):
@@ -103,6 +100,9 @@ class Executor:
                     pos_dtype = feed.info.dtype
         self.positions = PositionState(batch_size, max_length, pad_token_id, mask_dtype, pos_dtype)
         self.cross = CrossCache(plan.cross) if plan.cross is not None else None
+        self.cache: KVCache | None = (
+            make_cache(kv_plan, batch_size, max_length, self.positions) if kv_plan else None
+        )
         self.user_inputs: dict[str, ort.OrtValue] = {}
         self._init_stages = [s for s in self.stages if s.step.when == "init"]
         # An init stage that reads the prompt (a text encoder): the prompt, with EOS appended per
@@ -217,10 +217,10 @@ class Executor:
                 f"cannot rewind to {length}: a recurrent state ({', '.join(self._recurrent)}) "
                 "only rewinds to 0"
             )
+        if self.cache is not None:  # first: a cache may refuse (evicted rows), changing nothing
+            self.cache.rewind_to(length)
         self.positions.rewind_to(length)
         self._step_positions.rewind_to(length)
-        if self.cache is not None:
-            self.cache.rewind_to(length)
         if length == 0:
             self._recurrent.clear()
             if self._source:

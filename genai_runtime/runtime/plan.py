@@ -131,7 +131,10 @@ def build_plan(
                     f"{layout.file}'s ({layout.pattern}); step stages must share one cache"
                 )
             layout = stage_layout
-        kv_names = {n for layer in stage_layout.past for n in layer} if stage_layout else set()
+        kv_names = set()
+        if stage_layout is not None:  # the cache feeds its tensors and its driver inputs
+            kv_names = {n for layer in stage_layout.past for n in layer}
+            kv_names.update(name for _, name in stage_layout.drivers)
         cross_names: frozenset[str] = frozenset()
         source = step.cross_attention_from or (
             spec.state.cross_cache.source if spec.state.cross_cache else None

@@ -70,6 +70,23 @@ class PositionState:
         self._prompt_length = n
         self.last_index[:] = np.maximum(last, 0)
 
+    def rows_before(self, n: int, out: np.ndarray) -> None:
+        """Fill an int64 ``[B]`` array with each row's valid (non-pad) tokens before the pass of
+        ``n`` tokens just recorded (0 on a prompt pass, pad columns included in none)."""
+        if self.batch_size == 1:
+            out[0] = self.length - n
+        elif self.length == n:
+            out[:] = 0
+        else:
+            np.subtract(self._next, n, out=out)
+
+    def mark_pads(self, n: int, value: int) -> None:
+        """On a padded prompt pass, set the pad columns of the position_ids just handed out
+        (by ``positions(n)``) to ``value``: graphs that scatter at positions skip -1."""
+        if self.batch_size > 1 and self.length == n:
+            out = self._pos_out[: self.batch_size * n].reshape(self.batch_size, n)
+            out[self._mask[:, :n] == 0] = value
+
     @property
     def prompt_length(self) -> int:
         return self._prompt_length

@@ -276,12 +276,11 @@ def test_sliding_window_is_translated() -> None:
         "alignment": "left",
         "slide_key_value_cache": False,
         "slide_inputs": True,
-        "cache_slack": 16,  # an allocation hint of the reference, not a window property
+        "cache_slack": 24,  # sizes the windowed layers' caches, as in the reference
     }
     doc = _with_sliding_window(window)
-    assert "cache_slack" not in translate_v1(doc)["pipeline"]["state"]["kv_cache"]["sliding_window"]
     assert translated_spec(doc).state.kv_cache.sliding_window == SlidingWindowSpec(
-        window_size=128, pad_value=1, alignment="left", slide_key_value_cache=False
+        window_size=128, pad_value=1, alignment="left", slide_key_value_cache=False, cache_slack=24
     )
 
 

@@ -1,0 +1,48 @@
+"""A generic cache for a graph that declares static-scatter driver inputs (``write_indices``,
+``nonpad_kv_seqlen``) over ordinary 4-D caches: the wrapped cache does the work, the wrapper
+feeds the drivers the valid lengths before and after each pass."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..runtime.bound import BoundSession
+from .base import KVCache
+from .static_scatter import RowDrivers
+
+if TYPE_CHECKING:
+    from ..runtime.positions import PositionState
+
+
+class DriverFed:
+    def __init__(self, inner: KVCache, batch_size: int, positions: PositionState):
+        self.inner = inner
+        self.kind = inner.kind
+        self.layout = inner.layout
+        self._drivers = RowDrivers(inner.layout, batch_size, positions)
+        self._bound: set[int] = set()  # stages whose binding holds the driver vectors
+
+    @property
+    def length(self) -> int:
+        return self.inner.length
+
+    @property
+    def capacity(self) -> int:
+        return self.inner.capacity
+
+    @property
+    def nbytes(self) -> int:
+        return self.inner.nbytes
+
+    def bind(self, stage: BoundSession, num_new: int) -> None:
+        self.inner.bind(stage, num_new)
+        self._drivers.update(num_new)
+        if id(stage) not in self._bound:
+            self._drivers.bind(stage)
+            self._bound.add(id(stage))
+
+    def advance(self, stage: BoundSession, num_new: int) -> None:
+        self.inner.advance(stage, num_new)
+
+    def rewind_to(self, length: int) -> None:
+        self.inner.rewind_to(length)

@@ -1,0 +1,112 @@
+"""Static-scatter cache: per layer, fixed ``[B, max_seq_len, kv_hidden]`` key and value buffers
+that the graph updates in place (TensorScatter at ``write_indices``) and reads with
+``nonpad_kv_seqlen`` (Attention-24). One OrtValue is bound as both past and present, so a step
+copies nothing; the runtime only feeds the two per-row driver vectors.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import onnxruntime as ort
+
+from ..errors import GenerationError, ModelError
+from ..runtime.bound import BoundSession
+from .base import KVLayout
+
+if TYPE_CHECKING:
+    from ..runtime.positions import PositionState
+
+
+class RowDrivers:
+    """``write_indices`` (valid tokens per row before a pass) and ``nonpad_kv_seqlen`` (rows
+    written by the end of it): two int64 ``[B]`` buffers bound by pointer once, refilled in place.
+
+    A right-padded prompt row counts its pad columns on the prompt pass: graphs with
+    ``is_causal`` align queries to the end of ``nonpad_kv_seqlen``, and the pads, sitting after
+    the real tokens, are never visible to them. The next pass writes over them at the real length.
+    """
+
+    def __init__(self, layout: KVLayout, batch_size: int, positions: PositionState):
+        self.names = dict(layout.drivers)
+        self.before = np.zeros(batch_size, np.int64)
+        self.after = np.zeros(batch_size, np.int64)
+        self._positions = positions
+
+    def update(self, num_new: int) -> None:
+        self._positions.rows_before(num_new, self.before)
+        np.add(self.before, num_new, out=self.after)
+
+    def bind(self, stage: BoundSession) -> None:
+        for role, array in (("write_indices", self.before), ("nonpad_kv_seqlen", self.after)):
+            if role in self.names:
+                stage.bind_array(self.names[role], array)
+
+
+class StaticScatterCache:
+    kind: ClassVar[str] = "static-scatter"
+    uses_positions: ClassVar[bool] = True
+
+    def __init__(
+        self, layout: KVLayout, batch_size: int, max_length: int, positions: PositionState
+    ):
+        if layout.format != "scatter" or not layout.static_capacity:
+            raise ModelError(
+                f"{layout.file}: static-scatter needs fixed [batch, max_seq_len, kv_hidden] caches"
+            )
+        missing = {"write_indices", "nonpad_kv_seqlen"} - set(dict(layout.drivers))
+        if missing:
+            raise ModelError(
+                f"{layout.file}: a static-scatter graph needs int64 [batch] inputs "
+                f"{', '.join(sorted(missing))} (name them in decoder.inputs or "
+                "pipeline.state.kv_cache)"
+            )
+        self.layout = layout
+        self.length = 0
+        self._batch = batch_size
+        self._capacity = layout.static_capacity
+        self._drivers = RowDrivers(layout, batch_size, positions)
+        self._arrays = [
+            np.zeros((batch_size, self._capacity, hidden), layout.dtype)
+            for hidden in layout.hidden_sizes
+        ]
+        self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._arrays]
+        self._epoch = id(self)  # a binding made for another cache must be redone
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._arrays)
+
+    def bind(self, stage: BoundSession, num_new: int) -> None:
+        self._drivers.update(num_new)
+        # The graph writes num_new rows per sequence at its write index, padding included.
+        end = int(self._drivers.before.max()) + num_new
+        if end > self._capacity:
+            raise GenerationError(
+                f"{self.layout.file}: {num_new} new tokens after {end - num_new} would write past "
+                f"the static KV cache's max_seq_len {self._capacity}"
+            )
+        if stage.kv_epoch == self._epoch:
+            return  # same buffers and driver vectors, refilled in place
+        names = [n for pair in zip(self.layout.past, self.layout.present) for n in zip(*pair)]
+        for (past_name, present_name), value in zip(names, self._values):
+            stage.bind_value(past_name, value)
+            stage.bind_output_value(present_name, value)
+        self._drivers.bind(stage)
+        stage.kv_epoch = self._epoch
+
+    def advance(self, stage: BoundSession, num_new: int) -> None:
+        self.length += num_new
+
+    def rewind_to(self, length: int) -> None:
+        # Rows past nonpad_kv_seqlen are never read and the next pass overwrites them.
+        self.length = min(self.length, length)
+
+    def buffers(self) -> list[np.ndarray]:
+        """The key/value arrays the graph writes in place, in ``layout.past`` order."""
+        return self._arrays
