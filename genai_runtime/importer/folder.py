@@ -98,7 +98,7 @@ def import_gguf(
     dtype: str = "auto",
     cache: str = "share-buffer",
     force: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str, int], None] | None = None,
     extra_report: dict[str, Any] | None = None,
 ) -> ImportResult:
     """Import ``gguf_path`` into the model folder ``out_dir`` (written atomically)."""

@@ -114,9 +114,12 @@ def build_decoder(
     out_dir: Path,
     *,
     dtype: str = "auto",
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str, int], None] | None = None,
 ) -> BuildReport:
-    """Write ``model.onnx`` + ``model.onnx.data`` for ``model`` into ``out_dir``."""
+    """Write ``model.onnx`` + ``model.onnx.data`` for ``model`` into ``out_dir``.
+
+    ``progress(tensor_name, total)`` is called once per weight matrix converted.
+    """
     from onnx import TensorProto, helper
 
     h = model.hyper
@@ -126,13 +129,14 @@ def build_decoder(
     g = GraphBuilder(data)
     nbits: list[str] = []
     dequantised: list[str] = []
+    total = 1 + 7 * h.layers + (0 if h.tied_embeddings else 1)
 
     def linear(x: str, gguf_name: str, onnx_name: str, row_order: np.ndarray | None = None) -> str:
         """x @ W.T for the GGUF weight W [out, in], as MatMulNBits or fp32 MatMul."""
         t = model.tensor(gguf_name)
         blocks = to_blocks(t) if dtype == "auto" else None
         if progress:
-            progress(gguf_name)
+            progress(gguf_name, total)
         if blocks is not None:
             if row_order is not None:
                 blocks = blocks.rows(row_order)
@@ -161,7 +165,7 @@ def build_decoder(
 
     embed = model.tensor("token_embd.weight")
     if progress:
-        progress("token_embd.weight")
+        progress("token_embd.weight", total)
     embed_w = dequantize(embed)  # [vocab, hidden]
     embed_name = g.const("embed_tokens.weight", embed_w)
     dequantised.append("token_embd.weight (embedding table)")
