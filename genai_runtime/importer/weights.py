@@ -63,13 +63,8 @@ def dequantize(t: Any) -> np.ndarray:
     """The tensor as fp32, GGUF row order: [ne1, ne0] = [out_features, in_features] for weights."""
     from gguf import quants
 
-    data = np.asarray(t.data)
-    if type_name(t) == "F32":
-        out = data.astype(np.float32, copy=False)
-    else:
-        out = quants.dequantize(data, t.tensor_type).astype(np.float32, copy=False)
-    rows = int(np.prod([int(d) for d in t.shape[1:]], dtype=np.int64)) if len(t.shape) > 1 else 1
-    return out.reshape(rows, int(t.shape[0])) if len(t.shape) > 1 else out.reshape(-1)
+    out = quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
+    return out.reshape(-1, int(t.shape[0])) if len(t.shape) > 1 else out.reshape(-1)
 
 
 @dataclass(frozen=True)

