@@ -2,8 +2,9 @@
 
     python benchmarks/gguf_import_parity.py [--gguf FILE] [--new-tokens 32]
 
-Imports the SmolLM2 Q4_1 GGUF twice (``--dtype fp32`` and ``--dtype auto``) into a temporary
-folder, then for ten chat prompts compares greedy tokens (our runtime on both sides):
+Imports the SmolLM2 Q4_1 GGUF three times (``--dtype fp32``; ``--dtype auto`` with MatMulNBits
+``--accuracy-level`` 0 and 4) into a temporary folder, then for ten chat prompts compares greedy
+tokens (our runtime on every side):
 
 - our fp32 import vs the builder's fp32 export (``smollm2-135m-instruct-fp32`` under
   ``$GENAI_RUNTIME_MODELS``, built from the same GGUF dequantised by transformers): the same
@@ -121,32 +122,21 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = {}
-        for dtype in ("fp32", "auto"):
+        for key, dtype, level in (("fp32", "fp32", 0), ("exact", "auto", 0), ("fast", "auto", 4)):
             start = time.perf_counter()
-            out[dtype] = import_gguf(args.gguf, Path(tmp) / f"import-{dtype}", dtype=dtype).out_dir
-            print(f"import --dtype {dtype}: {time.perf_counter() - start:.1f} s")
-        n = args.new_tokens
-        compare(
-            "same weights: our fp32 import vs the builder's fp32 export",
-            out["fp32"],
-            args.fp32_reference,
-            n,
-        )
-        compare(
-            "our MatMulNBits import vs our fp32 import (same GGUF blocks)",
-            out["auto"],
-            out["fp32"],
-            n,
-        )
-        compare(
-            "our MatMulNBits import vs the builder's int4 re-quantisation",
-            out["auto"],
-            args.int4_reference,
-            n,
-        )
-        compare(
-            "the builder's own fp32 vs int4 exports", args.fp32_reference, args.int4_reference, n
-        )
+            folder = Path(tmp) / f"import-{key}"
+            import_gguf(args.gguf, folder, dtype=dtype, accuracy_level=level)
+            out[key] = folder
+            print(
+                f"import {key} (--dtype {dtype} --accuracy-level {level}): "
+                f"{time.perf_counter() - start:.1f} s"
+            )
+        n, ref32, ref4 = args.new_tokens, args.fp32_reference, args.int4_reference
+        compare("same weights: our fp32 import vs the builder's fp32 export", out["fp32"], ref32, n)
+        compare("MatMulNBits, fp32 activations vs our fp32 import", out["exact"], out["fp32"], n)
+        compare("MatMulNBits, int8 activations vs our fp32 import", out["fast"], out["fp32"], n)
+        compare("MatMulNBits, int8 activations vs the builder's int4", out["fast"], ref4, n)
+        compare("the builder's own fp32 vs int4 exports", ref32, ref4, n)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,14 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         default="share-buffer",
         help="KV cache layout (default share-buffer)",
     )
+    p.add_argument(
+        "--accuracy-level",
+        type=int,
+        choices=(0, 4),
+        default=4,
+        help="MatMulNBits activations: 4 (default) int8 per block at run time, as the reference "
+        "builder writes; 0 fp32 (exact math, ~3x slower 4-bit matmuls)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing model folder")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
@@ -86,6 +94,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             args.out_dir,
             dtype=args.dtype,
             cache=args.cache,
+            accuracy_level=args.accuracy_level,
             force=args.force,
             progress=bars.tensor,
         )
@@ -113,6 +122,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             dtype=args.dtype,
             cache=args.cache,
+            accuracy_level=args.accuracy_level,
             force=args.force,
             quiet=args.quiet,
             progress_factory=bars.bytes,

@@ -25,6 +25,9 @@ from .tokenizer_json import tokenizer_config, tokenizer_json
 # --cache value -> whether GroupQueryAttention reads and writes one preallocated buffer.
 CACHE_LAYOUTS: dict[str, bool] = {"share-buffer": True, "concat": False}
 REPORT_FILE = "gguf_import.json"
+# MatMulNBits accuracy_level: 0 keeps fp32 activations; 4 quantises them to int8 per block at
+# run time (what the reference builder writes for CPU; ~3.5x faster kernels on onnxruntime 1.31).
+ACCURACY_LEVELS = ("0", "4")
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ def import_gguf(
     *,
     dtype: str = "auto",
     cache: str = "share-buffer",
+    accuracy_level: int = 4,
     force: bool = False,
     progress: Callable[[str, int], None] | None = None,
     extra_report: dict[str, Any] | None = None,
@@ -104,6 +108,7 @@ def import_gguf(
     """Import ``gguf_path`` into the model folder ``out_dir`` (written atomically)."""
     _choice(dtype, DTYPES, "--dtype")
     _choice(cache, CACHE_LAYOUTS, "--cache")
+    _choice(str(accuracy_level), ACCURACY_LEVELS, "--accuracy-level")
     out = Path(out_dir)
     if out.exists() and not force:
         raise GenaiRuntimeError(f"{out} already exists; pass --force to replace it")
@@ -117,7 +122,9 @@ def import_gguf(
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
-        report = build_decoder(model, tmp, dtype=dtype, progress=progress)
+        report = build_decoder(
+            model, tmp, dtype=dtype, accuracy_level=accuracy_level, progress=progress
+        )
         files = {
             "genai_config.json": genai_config(model.hyper, vocab, CACHE_LAYOUTS[cache]),
             "tokenizer.json": tok_doc,
@@ -127,6 +134,7 @@ def import_gguf(
                 "architecture": model.arch,
                 "dtype": dtype,
                 "cache": cache,
+                "accuracy_level": accuracy_level,
                 "matmul_nbits": list(report.nbits),
                 "dequantised_fp32": list(report.dequantised),
                 **(extra_report or {}),

@@ -114,6 +114,7 @@ def build_decoder(
     out_dir: Path,
     *,
     dtype: str = "auto",
+    accuracy_level: int = 4,
     progress: Callable[[str, int], None] | None = None,
 ) -> BuildReport:
     """Write ``model.onnx`` + ``model.onnx.data`` for ``model`` into ``out_dir``.
@@ -131,20 +132,24 @@ def build_decoder(
     dequantised: list[str] = []
     total = 1 + 7 * h.layers + (0 if h.tied_embeddings else 1)
 
-    def linear(x: str, gguf_name: str, onnx_name: str, row_order: np.ndarray | None = None) -> str:
-        """x @ W.T for the GGUF weight W [out, in], as MatMulNBits or fp32 MatMul."""
-        t = model.tensor(gguf_name)
-        blocks = to_blocks(t) if dtype == "auto" else None
-        if progress:
-            progress(gguf_name, total)
-        if blocks is not None:
-            if row_order is not None:
-                blocks = blocks.rows(row_order)
-            return _matmul_nbits(g, x, blocks, onnx_name, nbits)
-        w = dequantize(t)
-        if row_order is not None:
-            w = w[row_order]
-        dequantised.append(gguf_name)
+    def linear(x: str, parts: list[tuple[str, np.ndarray | None]], onnx_name: str) -> str:
+        """x @ W.T for GGUF weights W [out, in] stacked along out (one MatMul for q/k/v or
+        gate/up), each with an optional row order; MatMulNBits when every part maps."""
+        tensors = [model.tensor(name) for name, _ in parts]
+        blocks = [to_blocks(t) if dtype == "auto" else None for t in tensors]
+        for name, _ in parts:
+            if progress:
+                progress(name, total)
+        if all(b is not None for b in blocks):
+            ordered = [b if rows is None else b.rows(rows) for b, (_, rows) in zip(blocks, parts)]
+            nbits.extend(name for name, _ in parts)
+            return _matmul_nbits(g, x, Blocks.stack(ordered), onnx_name, accuracy_level)
+        ws = []
+        for t, (name, rows) in zip(tensors, parts):
+            w = dequantize(t)
+            ws.append(w if rows is None else w[rows])
+            dequantised.append(name)
+        w = np.concatenate(ws, axis=0) if len(ws) > 1 else ws[0]
         return g.op("MatMul", [x, g.const(onnx_name + ".weight", np.ascontiguousarray(w.T))])
 
     def norm(x: str, gguf_name: str, onnx_name: str) -> str:
@@ -170,6 +175,7 @@ def build_decoder(
     embed_name = g.const("embed_tokens.weight", embed_w)
     dequantised.append("token_embd.weight (embedding table)")
     x = g.op("Gather", [embed_name, "input_ids"])
+    split_ffn = g.const("split_ffn", np.array([h.intermediate, h.intermediate], np.int64))
 
     q_rows = unpermute_rows(h.heads, h.heads * h.head_size) if model.family.unpermute_qk else None
     k_rows = (
@@ -191,9 +197,8 @@ def build_decoder(
     for i in range(h.layers):
         p, o = f"blk.{i}.", f"layers.{i}."
         attn_in = norm(x, p + "attn_norm.weight", o + "input_layernorm.weight")
-        q = linear(attn_in, p + "attn_q.weight", o + "attn.q_proj", q_rows)
-        k = linear(attn_in, p + "attn_k.weight", o + "attn.k_proj", k_rows)
-        v = linear(attn_in, p + "attn_v.weight", o + "attn.v_proj")
+        qkv_parts = [(p + "attn_q.weight", q_rows), (p + "attn_k.weight", k_rows)]
+        qkv = linear(attn_in, [*qkv_parts, (p + "attn_v.weight", None)], o + "attn.qkv_proj")
         past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
         present_k, present_v = f"present.{i}.key", f"present.{i}.value"
         for name in (past_k, past_v):
@@ -204,7 +209,7 @@ def build_decoder(
         g.nodes.append(
             helper.make_node(
                 "GroupQueryAttention",
-                [q, k, v, past_k, past_v, seqlens, total, cos_name, sin_name],
+                [qkv, "", "", past_k, past_v, seqlens, total, cos_name, sin_name],
                 [attn, present_k, present_v],
                 name=f"/layers.{i}/attn/GroupQueryAttention",
                 domain="com.microsoft",
@@ -216,18 +221,21 @@ def build_decoder(
                 local_window_size=-1,
             )
         )
-        x = g.op("Add", [x, linear(attn, p + "attn_output.weight", o + "attn.o_proj")])
+        x = g.op("Add", [x, linear(attn, [(p + "attn_output.weight", None)], o + "attn.o_proj")])
         mlp_in = norm(x, p + "ffn_norm.weight", o + "post_attention_layernorm.weight")
-        gate = linear(mlp_in, p + "ffn_gate.weight", o + "mlp.gate_proj")
-        up = linear(mlp_in, p + "ffn_up.weight", o + "mlp.up_proj")
+        gate_up = linear(
+            mlp_in, [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)], o + "mlp.gate_up"
+        )
+        gate, up = g.op("Split", [gate_up, split_ffn], n_out=2, axis=-1)
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
-        x = g.op("Add", [x, linear(act, p + "ffn_down.weight", o + "mlp.down_proj")])
+        x = g.op("Add", [x, linear(act, [(p + "ffn_down.weight", None)], o + "mlp.down_proj")])
     x = norm(x, "output_norm.weight", "final_norm.weight")
 
     head = "token_embd.weight" if h.tied_embeddings else "output.weight"
     head_blocks = to_blocks(model.tensor(head)) if dtype == "auto" else None
     if head_blocks is not None:
-        logits = _matmul_nbits(g, x, head_blocks, "lm_head", nbits)
+        logits = _matmul_nbits(g, x, head_blocks, "lm_head", accuracy_level)
+        nbits.append(head)
     elif h.tied_embeddings:
         # Share the embedding table: Gemm reads it transposed, no second copy on disk.
         flat = g.op("Reshape", [x, g.const("flat_shape", np.array([-1, h.hidden], np.int64))])
@@ -250,7 +258,7 @@ def build_decoder(
         logits = g.op("Reshape", [logits2d, shape])
         dequantised.append("lm_head (tied: the embedding table)")
     else:
-        logits = linear(x, head, "lm_head")
+        logits = linear(x, [(head, None)], "lm_head")
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/lm_head/output"))
 
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, g.initializers)
@@ -265,11 +273,10 @@ def build_decoder(
     return BuildReport(tuple(nbits), tuple(dequantised))
 
 
-def _matmul_nbits(g: GraphBuilder, x: str, blocks: Blocks, name: str, report: list[str]) -> str:
+def _matmul_nbits(g: GraphBuilder, x: str, blocks: Blocks, name: str, accuracy_level: int) -> str:
     n, k = blocks.shape
     nb, bs = blocks.codes.shape[1:]
     b, scales, zp = blocks.packed()
-    report.append(name)
     y = g.op(
         "MatMulNBits",
         [
@@ -283,6 +290,7 @@ def _matmul_nbits(g: GraphBuilder, x: str, blocks: Blocks, name: str, report: li
         N=n,
         bits=blocks.bits,
         block_size=bs,
+        accuracy_level=accuracy_level,
     )
     if blocks.offsets is None:
         return y

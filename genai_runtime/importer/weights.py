@@ -93,6 +93,26 @@ class Blocks:
             w = w + self.offsets[..., None]
         return w.reshape(self.shape)
 
+    @staticmethod
+    def stack(parts: list[Blocks]) -> Blocks:
+        """Weights stacked along N (e.g. q, k, v as one projection)."""
+        if len(parts) == 1:
+            return parts[0]
+        if len({(p.bits, p.codes.shape[1:]) for p in parts}) != 1:
+            raise ValueError("stacked weights need the same bits and K")
+        offsets = None
+        if any(p.offsets is not None for p in parts):
+            offsets = np.concatenate(
+                [p.offsets if p.offsets is not None else np.zeros_like(p.scales) for p in parts]
+            )
+        return Blocks(
+            parts[0].bits,
+            np.concatenate([p.codes for p in parts]),
+            np.concatenate([p.scales for p in parts]),
+            np.concatenate([p.zero_points for p in parts]),
+            offsets,
+        )
+
     def rows(self, index: np.ndarray) -> Blocks:
         offsets = None if self.offsets is None else self.offsets[index]
         return Blocks(
