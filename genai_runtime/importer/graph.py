@@ -130,7 +130,7 @@ def build_decoder(
     g = GraphBuilder(data)
     nbits: list[str] = []
     dequantised: list[str] = []
-    total = 1 + 7 * h.layers + (0 if h.tied_embeddings else 1)
+    n_weights = 1 + 7 * h.layers + (0 if h.tied_embeddings else 1)
 
     def linear(x: str, parts: list[tuple[str, np.ndarray | None]], onnx_name: str) -> str:
         """x @ W.T for GGUF weights W [out, in] stacked along out (one MatMul for q/k/v or
@@ -139,7 +139,7 @@ def build_decoder(
         blocks = [to_blocks(t) if dtype == "auto" else None for t in tensors]
         for name, _ in parts:
             if progress:
-                progress(name, total)
+                progress(name, n_weights)
         if all(b is not None for b in blocks):
             ordered = [b if rows is None else b.rows(rows) for b, (_, rows) in zip(blocks, parts)]
             nbits.extend(name for name, _ in parts)
@@ -160,7 +160,7 @@ def build_decoder(
     one = g.const("one_i64", np.array([1], np.int64))
     lengths = g.op("ReduceSum", ["attention_mask", one], keepdims=0)
     seqlens = g.op("Cast", [g.op("Sub", [lengths, one])], to=6)
-    total = g.op(
+    total_len = g.op(
         "Cast",
         [g.op("Gather", [g.op("Shape", ["attention_mask"]), g.const("idx1", np.array(1))])],
         to=6,
@@ -170,7 +170,7 @@ def build_decoder(
 
     embed = model.tensor("token_embd.weight")
     if progress:
-        progress("token_embd.weight", total)
+        progress("token_embd.weight", n_weights)
     embed_w = dequantize(embed)  # [vocab, hidden]
     embed_name = g.const("embed_tokens.weight", embed_w)
     dequantised.append("token_embd.weight (embedding table)")
@@ -209,7 +209,7 @@ def build_decoder(
         g.nodes.append(
             helper.make_node(
                 "GroupQueryAttention",
-                [qkv, "", "", past_k, past_v, seqlens, total, cos_name, sin_name],
+                [qkv, "", "", past_k, past_v, seqlens, total_len, cos_name, sin_name],
                 [attn, present_k, present_v],
                 name=f"/layers.{i}/attn/GroupQueryAttention",
                 domain="com.microsoft",

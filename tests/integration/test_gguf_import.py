@@ -173,3 +173,17 @@ def test_missing_tensor_is_named(tmp_path):
     with pytest.raises(ModelError, match=r"tensor 'blk\.1\.ffn_up\.weight' is missing"):
         import_gguf(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_import_with_progress_bars(tiny, tmp_path, capsys):
+    from genai_runtime.cli import main
+
+    out = tmp_path / "model"
+    assert main(["import", str(tiny["q4_1"]), str(out), "--cache", "concat"]) == 0
+    err = capsys.readouterr().err
+    assert "import: 100%" in err and "15/15" in err  # 7 projections x 2 layers + the embedding
+    assert f"-> {out} in" in err
+    assert main(["import", str(tiny["q4_1"]), str(out)]) == 1
+    assert "already exists; pass --force" in capsys.readouterr().err
+    assert main(["import", str(tmp_path / "nope.gguf"), str(tmp_path / "x")]) == 1
+    assert "GGUF file not found" in capsys.readouterr().err
