@@ -114,7 +114,7 @@ def build_decoder(
     out_dir: Path,
     *,
     dtype: str = "auto",
-    accuracy_level: int = 4,
+    accuracy_level: int = 0,
     progress: Callable[[str, int], None] | None = None,
 ) -> BuildReport:
     """Write ``model.onnx`` + ``model.onnx.data`` for ``model`` into ``out_dir``.

@@ -154,7 +154,7 @@ def pull(
     cache_dir: str | os.PathLike | None = None,
     dtype: str = "auto",
     cache: str = "share-buffer",
-    accuracy_level: int = 4,
+    accuracy_level: int = 0,
     force: bool = False,
     quiet: bool = False,
     source: Source | None = None,

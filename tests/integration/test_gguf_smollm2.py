@@ -222,6 +222,12 @@ def test_greedy_equals_reference_builder_fp32_export(imported):
         assert greedy(imported["fp32"], prompt, 16) == greedy(reference, prompt, 16), prompt
 
 
+def test_matmulnbits_import_generates_the_fp32_import_tokens(imported):
+    # Q4_1 blocks kept as MatMulNBits (fp32 activations) are the same weights as the dequantised
+    # fp32 import: the greedy tokens agree.
+    assert greedy(imported["auto"], PROMPTS[2], 16) == greedy(imported["fp32"], PROMPTS[2], 16)
+
+
 def test_int4_import_answers_like_the_shared_export(imported):
     # The shared export re-quantised the dequantised weights (int4 RTN), ours keeps the GGUF's
     # Q4_1 blocks: the weights differ slightly, so only the answer itself is compared.
