@@ -52,6 +52,7 @@ def write_tiny_gguf(
     tied: bool = True,
     seed: int = 0,
     head_qtype: Q | None = None,
+    add_bos: bool = False,
 ) -> Path:
     """A 2-layer llama GGUF with random weights quantised as ``qtype``."""
     t = TINY
@@ -79,7 +80,7 @@ def write_tiny_gguf(
     w.add_eos_token_id(2)
     w.add_pad_token_id(2)
     w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(add_bos)
     w.add_chat_template(CHAT_TEMPLATE)
 
     def weight(name: str, out_f: int, in_f: int, q: Q = qtype, scale: float = 0.15) -> None:

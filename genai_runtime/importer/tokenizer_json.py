@@ -72,7 +72,15 @@ def tokenizer_json(vocab: Vocab, source: str) -> dict[str, Any]:
         single.insert(0, _special(vocab, vocab.bos_id, special))
     if vocab.add_eos and vocab.eos_id is not None:
         single.append(_special(vocab, vocab.eos_id, special))
-    post = {"type": "TemplateProcessing", "single": single, "special_tokens": special}
+    second = [
+        {"Sequence": {"id": "B", "type_id": 1}} if "Sequence" in part else part for part in single
+    ]
+    post = {
+        "type": "TemplateProcessing",
+        "single": single,
+        "pair": single + second,
+        "special_tokens": special,
+    }
     return {
         "version": "1.0",
         "truncation": None,

@@ -132,6 +132,18 @@ def test_tokenizer_and_configs_from_gguf_metadata(tiny, tmp_path):
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
+def test_add_bos_from_gguf_metadata(tmp_path):
+    import tokenizers
+
+    path = gguf_models.write_tiny_gguf(tmp_path / "bos.gguf", add_bos=True)
+    out = import_gguf(path, tmp_path / "model", dtype="fp32").out_dir
+    tok = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.encode(" the").ids == [1, 261]  # <|im_start|> is this GGUF's BOS
+    assert tok.encode(" the", " the").ids == [1, 261, 1, 261]
+    cfg = json.loads((out / "tokenizer_config.json").read_text())
+    assert cfg["add_bos_token"] is True and cfg["bos_token"] == "<|im_start|>"
+
+
 def test_import_is_atomic_and_refuses_to_overwrite(tiny, tmp_path):
     out = tmp_path / "model"
     import_gguf(tiny["q4_1"], out, dtype="fp32")
