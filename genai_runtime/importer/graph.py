@@ -30,25 +30,24 @@ _ALIGN = 64
 
 @dataclass
 class ExternalData:
-    """Appends initializers to one external-data file as they are made."""
+    """Appends initializers to one external-data file as they are made (no handle kept open,
+    so a failed build leaves nothing to close)."""
 
     path: Path
     offset: int = 0
-    _file: Any = None
 
     def __post_init__(self) -> None:
-        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
+        self.path.write_bytes(b"")
 
     def tensor(self, name: str, array: np.ndarray) -> Any:
         from onnx import TensorProto, helper
 
         array = np.ascontiguousarray(array)
         pad = (-self.offset) % _ALIGN
-        if pad:
-            self._file.write(b"\0" * pad)
-            self.offset += pad
         raw = array.tobytes()
-        self._file.write(raw)
+        with open(self.path, "ab") as f:
+            f.write(b"\0" * pad + raw)
+        self.offset += pad
         proto = TensorProto()
         proto.name = name
         proto.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
@@ -63,9 +62,6 @@ class ExternalData:
             entry.key, entry.value = key, value
         self.offset += len(raw)
         return proto
-
-    def close(self) -> None:
-        self._file.close()
 
 
 @dataclass
@@ -268,7 +264,6 @@ def build_decoder(
         producer_name="genai_runtime.importer",
     )
     onnx_model.ir_version = IR_VERSION
-    data.close()
     (out_dir / "model.onnx").write_bytes(onnx_model.SerializeToString())
     return BuildReport(tuple(nbits), tuple(dequantised))
 
