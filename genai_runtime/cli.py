@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, metavar="S", help="per-request timeout (default 600)")
     p.add_argument("--interleave", action="store_true", help="no batched decode")
     p.set_defaults(func=cmd_serve)
+
+    from .importer.commands import add_parsers  # import / pull (GGUF -> model folder)
+
+    add_parsers(sub)
     return parser
 
 
@@ -401,10 +405,11 @@ def timed_generate(
 
 
 def _load(model_dir: str) -> tuple[Any, Any]:
+    from .importer.cache import resolve_model_dir
     from .model import Model
     from .tokenizer import Tokenizer
 
-    model = Model(model_dir)
+    model = Model(resolve_model_dir(model_dir))  # a folder, or the name of a pulled model
     return model, Tokenizer(model)
 
 

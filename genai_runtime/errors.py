@@ -62,5 +62,9 @@ class TokenizerError(GenaiRuntimeError):
     """A tokenizer folder or chat template cannot be used."""
 
 
+class DownloadError(GenaiRuntimeError):
+    """A model download failed: no network, a package not found, or a hash mismatch."""
+
+
 class TrustError(GenaiRuntimeError):
     """A config asks to run code, and the caller did not pass the explicit trust flag."""

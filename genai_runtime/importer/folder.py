@@ -1,0 +1,162 @@
+"""Write a complete model folder from a GGUF file, atomically.
+
+Everything goes into a hidden temporary folder beside the destination, which is renamed into
+place only when every file is written: an interrupted or failed import leaves nothing under the
+destination name (the temporary folder is removed on failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import GenaiRuntimeError
+from .gguf_file import GGUFModel, Hyper, Vocab
+from .graph import DTYPES, build_decoder
+from .tokenizer_json import tokenizer_config, tokenizer_json
+
+# --cache value -> whether GroupQueryAttention reads and writes one preallocated buffer.
+CACHE_LAYOUTS: dict[str, bool] = {"share-buffer": True, "concat": False}
+REPORT_FILE = "gguf_import.json"
+# MatMulNBits accuracy_level: 0 keeps fp32 activations (greedy tokens equal the fp32 import's);
+# 4 quantises them to int8 per block at run time, as the reference builder does for CPU: ~3.5x
+# faster kernels on onnxruntime 1.31, but greedy text departs from the exact weights' on most
+# prompts (benchmarks/gguf_import_parity.py).
+ACCURACY_LEVELS = ("0", "4")
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    out_dir: Path
+    seconds: float
+    nbits: tuple[str, ...]
+    dequantised: tuple[str, ...]
+
+
+def genai_config(h: Hyper, vocab: Vocab, share_buffer: bool) -> dict[str, Any]:
+    """A v1 genai_config.json (onnxruntime-genai's builder format, so both runtimes load it)."""
+    eos = vocab.eos_id if vocab.eos_id is not None else 0
+    return {
+        "model": {
+            "bos_token_id": vocab.bos_id if vocab.bos_id is not None else eos,
+            "context_length": h.context_length,
+            "decoder": {
+                "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
+                "filename": "model.onnx",
+                "head_size": h.head_size,
+                "hidden_size": h.hidden,
+                "inputs": {
+                    "input_ids": "input_ids",
+                    "attention_mask": "attention_mask",
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value",
+                },
+                "outputs": {
+                    "logits": "logits",
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value",
+                },
+                "num_attention_heads": h.heads,
+                "num_hidden_layers": h.layers,
+                "num_key_value_heads": h.kv_heads,
+            },
+            "eos_token_id": eos,
+            "pad_token_id": vocab.pad_id if vocab.pad_id is not None else eos,
+            "type": h.arch,
+            "vocab_size": h.vocab,
+        },
+        "search": {
+            "diversity_penalty": 0.0,
+            "do_sample": False,
+            "early_stopping": True,
+            "length_penalty": 1.0,
+            "max_length": h.context_length,
+            "min_length": 0,
+            "no_repeat_ngram_size": 0,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "past_present_share_buffer": share_buffer,
+            "repetition_penalty": 1.0,
+            "temperature": 1.0,
+            "top_k": 50,
+            "top_p": 1.0,
+        },
+    }
+
+
+def _choice(value: str, valid: Any, what: str) -> None:
+    if value not in valid:
+        raise GenaiRuntimeError(f"unknown {what} {value!r}; valid: {', '.join(valid)}")
+
+
+def import_gguf(
+    gguf_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    dtype: str = "auto",
+    cache: str = "share-buffer",
+    accuracy_level: int = 0,
+    force: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+    extra_report: dict[str, Any] | None = None,
+) -> ImportResult:
+    """Import ``gguf_path`` into the model folder ``out_dir`` (written atomically)."""
+    _choice(dtype, DTYPES, "--dtype")
+    _choice(cache, CACHE_LAYOUTS, "--cache")
+    _choice(str(accuracy_level), ACCURACY_LEVELS, "--accuracy-level")
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise GenaiRuntimeError(f"{out} already exists; pass --force to replace it")
+    start = time.perf_counter()
+    model = GGUFModel(gguf_path)
+    vocab = model.vocab()
+    tok_doc = tokenizer_json(vocab, str(model.path))  # fails before any file is written
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
+        report = build_decoder(
+            model, tmp, dtype=dtype, accuracy_level=accuracy_level, progress=progress
+        )
+        files = {
+            "genai_config.json": genai_config(model.hyper, vocab, CACHE_LAYOUTS[cache]),
+            "tokenizer.json": tok_doc,
+            "tokenizer_config.json": tokenizer_config(vocab, model.hyper.context_length),
+            REPORT_FILE: {
+                "source": str(model.path),
+                "architecture": model.arch,
+                "dtype": dtype,
+                "cache": cache,
+                "accuracy_level": accuracy_level,
+                "matmul_nbits": list(report.nbits),
+                "dequantised_fp32": list(report.dequantised),
+                **(extra_report or {}),
+            },
+        }
+        for name, doc in files.items():
+            (tmp / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", "utf-8")
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ImportResult(out, time.perf_counter() - start, report.nbits, report.dequantised)
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first, then deleted."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

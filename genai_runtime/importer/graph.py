@@ -1,0 +1,297 @@
+"""The llama-family decoder as an ONNX graph, written with ``onnx.helper``.
+
+Layout (the one onnxruntime-genai's builder writes, so both runtimes load it): inputs
+``input_ids`` [B, S], ``attention_mask`` [B, T], ``past_key_values.%d.{key,value}``
+[B, kv_heads, P, head_size]; outputs ``logits`` [B, S, vocab], ``present.%d.{key,value}``.
+Per layer: RMSNorm -> Q/K/V projections -> GroupQueryAttention (rotary inside, from cos/sin
+tables built from the GGUF's rope parameters) -> output projection -> residual -> RMSNorm ->
+SwiGLU MLP -> residual. Weights stream one by one into ``model.onnx.data`` so peak memory stays
+near one tensor, not the whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .gguf_file import GGUFModel, rope_cos_sin
+from .weights import Blocks, check_type, dequantize, to_blocks, unpermute_rows
+
+DTYPES = ("auto", "fp32")
+IR_VERSION = 10  # onnxruntime 1.31 refuses the IR 14 that onnx 1.23 stamps by default
+OPSET = 21
+DATA_FILE = "model.onnx.data"
+_ALIGN = 64
+
+
+@dataclass
+class ExternalData:
+    """Appends initializers to one external-data file as they are made (no handle kept open,
+    so a failed build leaves nothing to close)."""
+
+    path: Path
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        self.path.write_bytes(b"")
+
+    def tensor(self, name: str, array: np.ndarray) -> Any:
+        from onnx import TensorProto, helper
+
+        array = np.ascontiguousarray(array)
+        pad = (-self.offset) % _ALIGN
+        raw = array.tobytes()
+        with open(self.path, "ab") as f:
+            f.write(b"\0" * pad + raw)
+        self.offset += pad
+        proto = TensorProto()
+        proto.name = name
+        proto.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+        proto.dims.extend(array.shape)
+        proto.data_location = TensorProto.EXTERNAL
+        for key, value in (
+            ("location", self.path.name),
+            ("offset", str(self.offset)),
+            ("length", str(len(raw))),
+        ):
+            entry = proto.external_data.add()
+            entry.key, entry.value = key, value
+        self.offset += len(raw)
+        return proto
+
+
+@dataclass
+class GraphBuilder:
+    """Collects nodes and initializers; names are unique by construction (prefix + counter)."""
+
+    data: ExternalData
+    nodes: list = field(default_factory=list)
+    initializers: list = field(default_factory=list)
+    _count: int = 0
+    _consts: set = field(default_factory=set)
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs):
+        from onnx import helper
+
+        self._count += 1
+        name = f"/{op_type}_{self._count}"
+        outs = [f"{name}/output_{i}" for i in range(n_out)]
+        node = helper.make_node(op_type, inputs, outs, name=name, domain=domain, **attrs)
+        self.nodes.append(node)
+        return outs[0] if n_out == 1 else outs
+
+    def const(self, name: str, array: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        if name in self._consts:
+            return name
+        self._consts.add(name)
+        if array.nbytes >= 1024:
+            self.initializers.append(self.data.tensor(name, array))
+        else:
+            self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What the build did with each weight: kept as MatMulNBits blocks, or dequantised."""
+
+    nbits: tuple[str, ...]
+    dequantised: tuple[str, ...]
+
+
+def build_decoder(
+    model: GGUFModel,
+    out_dir: Path,
+    *,
+    dtype: str = "auto",
+    accuracy_level: int = 0,
+    progress: Callable[[str, int], None] | None = None,
+) -> BuildReport:
+    """Write ``model.onnx`` + ``model.onnx.data`` for ``model`` into ``out_dir``.
+
+    ``progress(tensor_name, total)`` is called once per weight matrix converted.
+    """
+    from onnx import TensorProto, helper
+
+    h = model.hyper
+    for t in model.tensors.values():
+        check_type(t, str(model.path))
+    data = ExternalData(out_dir / DATA_FILE)
+    g = GraphBuilder(data)
+    nbits: list[str] = []
+    dequantised: list[str] = []
+    n_weights = 1 + 7 * h.layers + (0 if h.tied_embeddings else 1)
+
+    def linear(x: str, parts: list[tuple[str, np.ndarray | None]], onnx_name: str) -> str:
+        """x @ W.T for GGUF weights W [out, in] stacked along out (one MatMul for q/k/v or
+        gate/up), each with an optional row order; MatMulNBits when every part maps."""
+        tensors = [model.tensor(name) for name, _ in parts]
+        blocks = [to_blocks(t) if dtype == "auto" else None for t in tensors]
+        for name, _ in parts:
+            if progress:
+                progress(name, n_weights)
+        if all(b is not None for b in blocks):
+            ordered = [b if rows is None else b.rows(rows) for b, (_, rows) in zip(blocks, parts)]
+            nbits.extend(name for name, _ in parts)
+            return _matmul_nbits(g, x, Blocks.stack(ordered), onnx_name, accuracy_level)
+        ws = []
+        for t, (name, rows) in zip(tensors, parts):
+            w = dequantize(t)
+            ws.append(w if rows is None else w[rows])
+            dequantised.append(name)
+        w = np.concatenate(ws, axis=0) if len(ws) > 1 else ws[0]
+        return g.op("MatMul", [x, g.const(onnx_name + ".weight", np.ascontiguousarray(w.T))])
+
+    def norm(x: str, gguf_name: str, onnx_name: str) -> str:
+        w = g.const(onnx_name, dequantize(model.tensor(gguf_name)))
+        return g.op("SimplifiedLayerNormalization", [x, w], epsilon=h.rms_eps, axis=-1)
+
+    # Attention bookkeeping from the mask: per-row lengths - 1, and the total length.
+    one = g.const("one_i64", np.array([1], np.int64))
+    lengths = g.op("ReduceSum", ["attention_mask", one], keepdims=0)
+    seqlens = g.op("Cast", [g.op("Sub", [lengths, one])], to=6)
+    total_len = g.op(
+        "Cast",
+        [g.op("Gather", [g.op("Shape", ["attention_mask"]), g.const("idx1", np.array(1))])],
+        to=6,
+    )
+    cos, sin = rope_cos_sin(h, h.context_length)
+    cos_name, sin_name = g.const("cos_cache", cos), g.const("sin_cache", sin)
+
+    embed = model.tensor("token_embd.weight")
+    if progress:
+        progress("token_embd.weight", n_weights)
+    embed_w = dequantize(embed)  # [vocab, hidden]
+    embed_name = g.const("embed_tokens.weight", embed_w)
+    dequantised.append("token_embd.weight (embedding table)")
+    x = g.op("Gather", [embed_name, "input_ids"])
+    split_ffn = g.const("split_ffn", np.array([h.intermediate, h.intermediate], np.int64))
+
+    q_rows = unpermute_rows(h.heads, h.heads * h.head_size) if model.family.unpermute_qk else None
+    k_rows = (
+        unpermute_rows(h.kv_heads, h.kv_heads * h.head_size) if model.family.unpermute_qk else None
+    )
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "seq_len"]),
+        helper.make_tensor_value_info(
+            "attention_mask", TensorProto.INT64, ["batch_size", "total_seq_len"]
+        ),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(
+            "logits", TensorProto.FLOAT, ["batch_size", "seq_len", h.vocab]
+        )
+    ]
+    past_shape = ["batch_size", h.kv_heads, "past_seq_len", h.head_size]
+    present_shape = ["batch_size", h.kv_heads, "total_seq_len", h.head_size]
+    for i in range(h.layers):
+        p, o = f"blk.{i}.", f"layers.{i}."
+        attn_in = norm(x, p + "attn_norm.weight", o + "input_layernorm.weight")
+        qkv_parts = [(p + "attn_q.weight", q_rows), (p + "attn_k.weight", k_rows)]
+        qkv = linear(attn_in, [*qkv_parts, (p + "attn_v.weight", None)], o + "attn.qkv_proj")
+        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        present_k, present_v = f"present.{i}.key", f"present.{i}.value"
+        for name in (past_k, past_v):
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, past_shape))
+        for name in (present_k, present_v):
+            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, present_shape))
+        attn = f"/layers.{i}/attn/output"
+        g.nodes.append(
+            helper.make_node(
+                "GroupQueryAttention",
+                [qkv, "", "", past_k, past_v, seqlens, total_len, cos_name, sin_name],
+                [attn, present_k, present_v],
+                name=f"/layers.{i}/attn/GroupQueryAttention",
+                domain="com.microsoft",
+                num_heads=h.heads,
+                kv_num_heads=h.kv_heads,
+                scale=float(h.head_size**-0.5),
+                do_rotary=1,
+                rotary_interleaved=0,
+                local_window_size=-1,
+            )
+        )
+        x = g.op("Add", [x, linear(attn, [(p + "attn_output.weight", None)], o + "attn.o_proj")])
+        mlp_in = norm(x, p + "ffn_norm.weight", o + "post_attention_layernorm.weight")
+        gate_up = linear(
+            mlp_in, [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)], o + "mlp.gate_up"
+        )
+        gate, up = g.op("Split", [gate_up, split_ffn], n_out=2, axis=-1)
+        act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
+        x = g.op("Add", [x, linear(act, [(p + "ffn_down.weight", None)], o + "mlp.down_proj")])
+    x = norm(x, "output_norm.weight", "final_norm.weight")
+
+    head = "token_embd.weight" if h.tied_embeddings else "output.weight"
+    head_blocks = to_blocks(model.tensor(head)) if dtype == "auto" else None
+    if head_blocks is not None:
+        logits = _matmul_nbits(g, x, head_blocks, "lm_head", accuracy_level)
+        nbits.append(head)
+    elif h.tied_embeddings:
+        # Share the embedding table: Gemm reads it transposed, no second copy on disk.
+        flat = g.op("Reshape", [x, g.const("flat_shape", np.array([-1, h.hidden], np.int64))])
+        logits2d = g.op("Gemm", [flat, embed_name], transB=1)
+        shape = g.op(
+            "Concat",
+            [
+                g.op(
+                    "Slice",
+                    [
+                        g.op("Shape", ["input_ids"]),
+                        g.const("s0", np.array([0], np.int64)),
+                        g.const("s2", np.array([2], np.int64)),
+                    ],
+                ),
+                g.const("vocab_dim", np.array([h.vocab], np.int64)),
+            ],
+            axis=0,
+        )
+        logits = g.op("Reshape", [logits2d, shape])
+        dequantised.append("lm_head (tied: the embedding table)")
+    else:
+        logits = linear(x, [(head, None)], "lm_head")
+    g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/lm_head/output"))
+
+    graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, g.initializers)
+    onnx_model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="genai_runtime.importer",
+    )
+    onnx_model.ir_version = IR_VERSION
+    (out_dir / "model.onnx").write_bytes(onnx_model.SerializeToString())
+    return BuildReport(tuple(nbits), tuple(dequantised))
+
+
+def _matmul_nbits(g: GraphBuilder, x: str, blocks: Blocks, name: str, accuracy_level: int) -> str:
+    n, k = blocks.shape
+    nb, bs = blocks.codes.shape[1:]
+    b, scales, zp = blocks.packed()
+    y = g.op(
+        "MatMulNBits",
+        [
+            x,
+            g.const(name + ".qweight", b),
+            g.const(name + ".scales", scales),
+            g.const(name + ".zero_points", zp),
+        ],
+        domain="com.microsoft",
+        K=k,
+        N=n,
+        bits=blocks.bits,
+        block_size=bs,
+        accuracy_level=accuracy_level,
+    )
+    if blocks.offsets is None:
+        return y
+    # Q4_1's per-block offset m: sum over a block of x * m = (block sum of x) * m.
+    shape = g.const(name + ".block_shape", np.array([0, 0, nb, bs], np.int64))
+    last = g.const("axis_last", np.array([-1], np.int64))
+    sums = g.op("ReduceSum", [g.op("Reshape", [x, shape]), last], keepdims=0)
+    offsets = g.const(name + ".offsets", np.ascontiguousarray(blocks.offsets.T))
+    return g.op("Add", [y, g.op("MatMul", [sums, offsets])])

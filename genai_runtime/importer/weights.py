@@ -1,0 +1,161 @@
+"""GGUF tensors -> NumPy: fp32 dequantisation, and MatMulNBits blocks taken over unchanged.
+
+``MatMulNBits`` computes ``W[n, k] = (q - zero_point) * scale`` per block of ``block_size``
+values along K. GGUF's 4-bit legacy blocks map onto it without requantising:
+
+- ``Q4_0`` (``d * (q - 8)``, 32 per block): 4-bit codes unchanged, scale ``d``, zero point 8.
+  Every weight is bit-identical to the GGUF's dequantised value.
+- ``Q4_1`` (``d * q + m``, 32 per block): 4-bit codes unchanged, scale ``d``, zero point 0, and
+  the ``m`` term as a separate product of per-block input sums with ``m`` (``x @ M``, K/32 wide).
+  ``d * q`` and ``m`` are exact in fp32, so this is the same math as the dequantised weight; only
+  the fp32 summation order differs. (A float zero point ``-m/d`` would also fit, but onnxruntime
+  1.31's CPU kernel then dequantises on every call: ~13x slower; 8-bit MatMulNBits is slower than
+  fp32 MatMul there, so ``Q8_0`` is dequantised to fp32, which is exact.)
+
+Every other type (F16, BF16, Q8_0, K-quants, Q5_x, ...) is dequantised to fp32 by the ``gguf``
+package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import UnsupportedError
+
+BLOCK = 32
+
+# GGML type name -> whether MatMulNBits can hold its blocks unchanged.
+DEQUANTISABLE = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)
+NBITS_TYPES = ("Q4_0", "Q4_1")
+
+
+def type_name(t: Any) -> str:
+    return t.tensor_type.name
+
+
+def check_type(t: Any, source: str) -> None:
+    name = type_name(t)
+    if name not in DEQUANTISABLE:
+        raise UnsupportedError(
+            f"{source}: tensor {t.name!r} has quantisation type {name}, which is not supported; "
+            f"supported: {', '.join(DEQUANTISABLE)}"
+        )
+
+
+def dequantize(t: Any) -> np.ndarray:
+    """The tensor as fp32, GGUF row order: [ne1, ne0] = [out_features, in_features] for weights."""
+    from gguf import quants
+
+    out = quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
+    return out.reshape(-1, int(t.shape[0])) if len(t.shape) > 1 else out.reshape(-1)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A [N, K] 4-bit weight: codes [N, K/32, 32]; scales, zero points, offsets [N, K/32].
+
+    W[n, k] = (code - zero_point) * scale + offset, the offset (Q4_1's ``m``) optional.
+    """
+
+    bits: int
+    codes: np.ndarray  # uint8, one code per value
+    scales: np.ndarray  # float32
+    zero_points: np.ndarray  # uint8
+    offsets: np.ndarray | None = None  # float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        n, nb, bs = self.codes.shape
+        return n, nb * bs
+
+    def dequantize(self) -> np.ndarray:
+        """What MatMulNBits computes for W[n, k] (NumPy reference of the operator's math)."""
+        zp = self.zero_points.astype(np.float32)[..., None]
+        w = (self.codes.astype(np.float32) - zp) * self.scales[..., None]
+        if self.offsets is not None:
+            w = w + self.offsets[..., None]
+        return w.reshape(self.shape)
+
+    @staticmethod
+    def stack(parts: list[Blocks]) -> Blocks:
+        """Weights stacked along N (e.g. q, k, v as one projection)."""
+        if len(parts) == 1:
+            return parts[0]
+        if len({(p.bits, p.codes.shape[1:]) for p in parts}) != 1:
+            raise ValueError("stacked weights need the same bits and K")
+        offsets = None
+        if any(p.offsets is not None for p in parts):
+            offsets = np.concatenate(
+                [p.offsets if p.offsets is not None else np.zeros_like(p.scales) for p in parts]
+            )
+        return Blocks(
+            parts[0].bits,
+            np.concatenate([p.codes for p in parts]),
+            np.concatenate([p.scales for p in parts]),
+            np.concatenate([p.zero_points for p in parts]),
+            offsets,
+        )
+
+    def rows(self, index: np.ndarray) -> Blocks:
+        offsets = None if self.offsets is None else self.offsets[index]
+        return Blocks(
+            self.bits, self.codes[index], self.scales[index], self.zero_points[index], offsets
+        )
+
+    def packed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(B, scales, zero_points) as MatMulNBits takes them (two 4-bit codes per byte)."""
+        n, nb, _ = self.codes.shape
+        b = (self.codes[..., 0::2] | (self.codes[..., 1::2] << 4)).astype(np.uint8)
+        zp = self.zero_points
+        if nb % 2:
+            zp = np.concatenate([zp, np.zeros((n, 1), np.uint8)], axis=1)
+        zp = (zp[:, 0::2] | (zp[:, 1::2] << 4)).astype(np.uint8)
+        return b, self.scales.reshape(-1), zp.reshape(-1)
+
+
+def _split(data: np.ndarray, n: int, block_bytes: int) -> np.ndarray:
+    return np.ascontiguousarray(data).reshape(n, -1, block_bytes)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    # GGML packs value j in the low nibble of byte j and value j+16 in its high nibble.
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.uint8)
+
+
+def to_blocks(t: Any) -> Blocks | None:
+    """The tensor's GGUF blocks as MatMulNBits blocks, or None when its type does not map."""
+    name = type_name(t)
+    if name not in NBITS_TYPES or len(t.shape) != 2 or int(t.shape[0]) % BLOCK:
+        return None
+    n = int(t.shape[1])
+    raw = np.asarray(t.data, dtype=np.uint8)
+    if name == "Q4_0":
+        b = _split(raw, n, 18)
+        d = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        return Blocks(4, _nibbles(b[..., 2:]), d, np.full(d.shape, 8, np.uint8))
+    b = _split(raw, n, 20)  # Q4_1
+    d = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    return Blocks(4, _nibbles(b[..., 4:]), d, np.zeros(d.shape, np.uint8), m)
+
+
+def unpermute_rows(n_heads: int, rows: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's Q/K permutation (adjacent-pair -> half-split rope)."""
+    return np.arange(rows).reshape(n_heads, rows // n_heads // 2, 2).swapaxes(1, 2).reshape(-1)

