@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 import onnxruntime as ort
 
 from .config import load
-from .config.loader import deep_merge
+from .config.loader import deep_merge, parse_json_text
 from .config.spec import PipelineSpec, ProviderSpec, frozen_map
 from .errors import ConfigError, TrustError, UnsupportedError
 from .routing import Route, classify
@@ -63,10 +62,13 @@ class Config:
         return dataclasses.replace(self._spec, sessions=frozen_map(sessions))
 
     def overlay(self, json_text: str) -> None:
-        try:
-            layer = json.loads(json_text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError([f"overlay is not valid JSON: {exc}"]) from exc
+        if not isinstance(json_text, str):
+            raise ConfigError([f"overlay: expected a JSON string, got {type(json_text).__name__}"])
+        if not json_text.strip():
+            return  # an empty overlay is no overlay, as in onnxruntime-genai
+        layer = parse_json_text(json_text, "config overlay")
+        if not isinstance(layer, dict):
+            raise ConfigError(["overlay: expected a JSON object at the top level"])
         self._overlays.append(layer)
         try:
             self._spec = self._load()

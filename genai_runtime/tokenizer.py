@@ -20,12 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from .config.bounded import TOKENIZER_LIMITS, LimitError, clip_text, load_json, read_bounded
 from .errors import TokenizerError
 
 __all__ = ["Tokenizer", "TokenizerStream"]
 
 _SPM_SPACE = "\u2581"  # sentencepiece's "▁", stands for a space in pieces
 _REPLACEMENT = "\ufffd"
+_MAX_TOKENIZER_JSON_BYTES = 1 << 30  # a sanity cap: the largest real ones are ~40 MB
 _OPTION_KEYS = frozenset({"add_special_tokens", "skip_special_tokens"})
 # Tokenizer families that get a BOS by convention when nothing else says so (as the reference).
 _BOS_BY_CLASS = frozenset({"Llama", "Phi3", "InternLM2", "Gemma", "CodeLlama", "Mistral"})
@@ -187,9 +189,9 @@ def _declared_added_tokens(path: Path) -> list[Any]:
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"cannot read {what} {path}: {exc}") from exc
+        return load_json(read_bounded(path, TOKENIZER_LIMITS.max_bytes), TOKENIZER_LIMITS)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, LimitError
+        raise TokenizerError(f"cannot read {what} {path}: {clip_text(str(exc))}") from exc
 
 
 def _parse_bool_option(value: Any) -> bool:
@@ -260,9 +262,9 @@ def _json_arg(value: Any, what: str) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise TokenizerError(f"{what} is not valid JSON: {exc}") from exc
+        return load_json(value, TOKENIZER_LIMITS)
+    except ValueError as exc:  # JSONDecodeError, LimitError
+        raise TokenizerError(f"{what} is not valid JSON: {clip_text(str(exc))}") from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,14 +327,38 @@ class Tokenizer:
         try:
             from tokenizers import Tokenizer as HfTokenizer  # imported when first needed
 
+            size = tok_path.stat().st_size
+            if size > _MAX_TOKENIZER_JSON_BYTES:
+                raise LimitError(
+                    f"file is {size} bytes, over the limit of {_MAX_TOKENIZER_JSON_BYTES}"
+                )
             self._hf = HfTokenizer.from_file(str(tok_path))
             spec = _tokenizer_meta(self._hf, tok_path)
         except Exception as exc:  # tokenizers raises plain Exception on bad files
-            raise TokenizerError(f"cannot load {tok_path}: {exc}") from exc
+            raise TokenizerError(f"cannot load {tok_path}: {clip_text(str(exc))}") from exc
         cfg_path = model_dir / "tokenizer_config.json"
         cfg = _read_json(cfg_path, "tokenizer config") if cfg_path.is_file() else {}
         if not isinstance(cfg, dict):
             raise TokenizerError(f"{cfg_path} must hold a JSON object")
+        try:
+            self._setup_from(model_dir, spec, cfg, bos, eos, pad, extra)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            # A value of the wrong JSON type somewhere in tokenizer_config.json / tokenizer.json.
+            raise TokenizerError(
+                f"malformed tokenizer files in {model_dir}: {type(exc).__name__}: "
+                f"{clip_text(str(exc))}"
+            ) from exc
+
+    def _setup_from(
+        self,
+        model_dir: Path,
+        spec: dict[str, Any],
+        cfg: dict[str, Any],
+        bos: int | None,
+        eos: tuple[int, ...],
+        pad: int | None,
+        extra: dict[str, int],
+    ) -> None:
         self._clip = self._class_name(cfg) == "CLIP"
         self._options = {"add_special_tokens": False, "skip_special_tokens": True}
 
@@ -445,7 +471,10 @@ class Tokenizer:
         chat_template.json. A single template is stored under "default"."""
         jinja_file = model_dir / "chat_template.jinja"
         if jinja_file.is_file():
-            return {"default": jinja_file.read_text(encoding="utf-8")}
+            try:
+                return {"default": read_bounded(jinja_file, TOKENIZER_LIMITS.max_bytes)}
+            except (OSError, UnicodeDecodeError, LimitError) as exc:
+                raise TokenizerError(f"cannot read {jinja_file}: {clip_text(str(exc))}") from exc
         source: Any = cfg.get("chat_template")
         if not source and (model_dir / "chat_template.json").is_file():
             extra = _read_json(model_dir / "chat_template.json", "chat template")
