@@ -18,6 +18,7 @@ from .routing import Route, classify
 from .runtime.graph_io import SessionIO
 from .runtime.plan import Plan, build_plan
 from .runtime.sessions import load_sessions
+from .validation import shown
 
 PathLike = str | os.PathLike
 
@@ -36,6 +37,8 @@ class Config:
         preset_dirs: Sequence[PathLike] = (),
         root: PathLike | None = None,
     ):
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigError([f"Config(path): expected a folder or file path, got {shown(path)}"])
         self.path = Path(path)
         self._preset_dirs = tuple(Path(p) for p in preset_dirs)
         self._root = Path(root) if root is not None else None
@@ -103,6 +106,8 @@ class Model:
         trust_remote_code: bool = False,
         root: PathLike | None = None,
     ):
+        if not isinstance(config, Config | str | os.PathLike):
+            raise ConfigError([f"Model(config): expected a Config or a path, got {shown(config)}"])
         if not isinstance(config, Config):
             config = Config(config, root=root)
         self.config = config

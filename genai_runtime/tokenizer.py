@@ -587,6 +587,8 @@ class Tokenizer:
     def to_token_id(self, token: str) -> int:
         """Id of one token string (an added token or a vocabulary piece); -1 if there is none,
         as the reference returns."""
+        if not isinstance(token, str):
+            raise TokenizerError(f"to_token_id(token): expected a str, got {type(token).__name__}")
         idx = self._added_ids.get(token)
         if idx is None:
             idx = self._vocab.get(token)
@@ -694,7 +696,11 @@ class Tokenizer:
             raise TokenizerError(
                 'messages must be a JSON array of objects, e.g. [{"role": "user", "content": "Hi"}]'
             )
-        tool_list = _json_arg(tools, "tools") if tools not in (None, "") else None
+        if template_str is not None and not isinstance(template_str, str):
+            kind = type(template_str).__name__
+            raise TokenizerError(f"apply_chat_template(template_str): expected a str, got {kind}")
+        no_tools = tools is None or (isinstance(tools, str) and not tools)
+        tool_list = None if no_tools else _json_arg(tools, "tools")
         source = template_str or self._pick_template(tool_list is not None)
         template = _compile_template(source)
         context: dict[str, Any] = dict(self._special_text)
@@ -723,6 +729,15 @@ class Tokenizer:
             f"no chat template in {self.model_dir} (no chat_template.jinja, no 'chat_template' in "
             "tokenizer_config.json); pass one with apply_chat_template(..., template_str=...)"
         )
+
+
+def _token_id(token: Any, what: str) -> int:
+    """One token id: a Python or numpy integer (bool and everything else are refused)."""
+    if isinstance(token, np.ndarray) and token.size == 1:
+        token = token.reshape(()).item()
+    if isinstance(token, bool | np.bool_) or not isinstance(token, int | np.integer):
+        raise TokenizerError(f"{what}: expected an integer token id, got {type(token).__name__}")
+    return int(token)
 
 
 def _as_ids(tokens: Any) -> np.ndarray:
@@ -760,7 +775,7 @@ class TokenizerStream:
     def decode(self, token: int) -> str:
         """Text newly completed by ``token`` (possibly "")."""
         tok = self._tok
-        idx = int(token)
+        idx = _token_id(token, "TokenizerStream.decode(token)")
         data, special = tok._token_bytes(
             idx, self._prev_special, tok._options["skip_special_tokens"]
         )
