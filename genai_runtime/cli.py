@@ -26,6 +26,7 @@ from .config.spec import PipelineSpec
 from .errors import ConfigError, GenaiRuntimeError, GenerationError
 from .kv import plan_cache
 from .routing import classify
+from .runtime.confirm import config_problems, probe_problems
 from .runtime.plan import Plan, build_plan, graph_problems
 from .runtime.sessions import load_sessions
 
@@ -235,7 +236,7 @@ class GraphCheck:
 
 def check_graphs(spec: PipelineSpec) -> GraphCheck:
     """Load every session (without running it) and list every config/graph mismatch."""
-    _, ios, failures = load_sessions(spec, spec.sessions)  # every session: report them all
+    sessions, ios, failures = load_sessions(spec, spec.sessions)  # every one: report them all
     errors = [str(exc) for exc in failures]
     warnings: list[str] = []
     errors += graph_problems(spec, ios)
@@ -252,9 +253,35 @@ def check_graphs(spec: PipelineSpec) -> GraphCheck:
             errors += [str(p) for p in exc.problems]
         except GenaiRuntimeError as exc:  # the graph is fine; this runtime cannot run it yet
             warnings.append(f"runtime: {exc}")
+    errors += [str(p) for p in config_problems(spec, plan)]
+    if not errors and spec.plugin is None:
+        probe_errors, probe_warnings = probe_problems(spec, plan, sessions)
+        errors += probe_errors
+        warnings += probe_warnings
     if spec.plugin is not None:
         warnings.append("pipeline.plugin loads code: it runs only with trust_remote_code=True")
     return GraphCheck(plan, errors, warnings)
+
+
+def tokenizer_problems(spec: PipelineSpec) -> list[str]:
+    """Load the folder's tokenizer (if it has one) and compile its chat templates."""
+    from .tokenizer import Tokenizer, _compile_template
+
+    folder = spec.model_dir
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        return []
+    try:
+        tokenizer = Tokenizer.from_dir(
+            folder,
+            bos_token_id=spec.tokens.bos,
+            eos_token_ids=spec.tokens.eos,
+            pad_token_id=spec.tokens.pad,
+        )
+        for source in tokenizer._templates.values():
+            _compile_template(source)
+    except GenaiRuntimeError as exc:
+        return [str(exc)]
+    return []
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -264,8 +291,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check = check_graphs(spec)
         for warning in check.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        if check.errors:
-            for error in check.errors:
+        errors = check.errors + tokenizer_problems(spec)
+        if errors:
+            for error in errors:
                 print(f"error: {error}", file=sys.stderr)
             return 1
     print(f"ok: {args.path} (v{spec.source_version}, route {route.kind})")

@@ -15,6 +15,7 @@ from .config.loader import deep_merge, parse_json_text
 from .config.spec import PipelineSpec, ProviderSpec, frozen_map
 from .errors import ConfigError, TrustError, UnsupportedError
 from .routing import Route, classify
+from .runtime.confirm import config_problems
 from .runtime.graph_io import SessionIO
 from .runtime.plan import Plan, build_plan
 from .runtime.sessions import load_sessions
@@ -130,6 +131,9 @@ class Model:
         self.sessions: dict[str, ort.InferenceSession] = sessions
         self.ios: dict[str, SessionIO] = ios
         self.plan: Plan = build_plan(spec, self.ios)
+        problems = config_problems(spec, self.plan)
+        if problems:
+            raise ConfigError(problems, str(config.path))
 
     @property
     def type(self) -> str:

@@ -102,7 +102,7 @@ def _layout(io, kv, past_k, past_v, present_k, present_v, layers) -> KVLayout:
                 )
         past.append(p)
         present.append(q)
-    if kv.num_layers and kv.num_layers != layers:
+    if kv.num_layers is not None and kv.num_layers != layers:
         raise ModelError(
             f"{io.file}: the config says {kv.num_layers} layers but the graph declares {layers} "
             f"past inputs matching {past_k!r}"
@@ -141,7 +141,7 @@ def _layout(io, kv, past_k, past_v, present_k, present_v, layers) -> KVLayout:
 
 def _dim(info: TensorInfo, axis: int, configured: int | None, key: str, file: str) -> int | None:
     graph = info.static_dim(axis)
-    if graph is not None and configured and graph != configured:
+    if graph is not None and configured is not None and graph != configured:
         raise ModelError(
             f"{file}: KV input {info} has {key} {graph} but the config says {configured}"
         )
