@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="write the v2 form of a config (v1 or v2)")
     p.add_argument("path", metavar="PATH", help="model folder or config file")
     p.add_argument("-o", "--output", metavar="OUT", help="output file (default: stdout)")
+    p.add_argument("--force", action="store_true", help="allow -o to overwrite an existing file")
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("run", help="generate text for one prompt, streamed")
@@ -334,7 +335,12 @@ def migrate_document(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    source = find_config_file(args.path)
     text = json.dumps(migrate_document(args.path), indent=2, ensure_ascii=False) + "\n"
+    if args.output and Path(args.output).exists() and not args.force:
+        same = Path(args.output).resolve() == source.resolve()
+        what = "is the source config" if same else "exists"
+        raise GenaiRuntimeError(f"{args.output} {what}: pass --force to overwrite it")
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
         print(f"wrote {args.output}", file=sys.stderr)
@@ -422,8 +428,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         text = args.prompt
     ids = np.asarray(tokenizer.encode(text)).reshape(-1)
     options = _search_options(args)
+    context = model.spec.model.context_length
+    if context and len(ids) >= context:
+        raise GenerationError(
+            f"the prompt is {len(ids)} tokens; the model's context_length is {context}"
+        )
     if args.max_new_tokens is not None:
+        # Clamped: more new tokens than the context holds just means "until the context ends".
         options["max_length"] = len(ids) + args.max_new_tokens
+        if context:
+            options["max_length"] = min(options["max_length"], context)
     elif args.max_length is not None:
         options["max_length"] = args.max_length
     params = GeneratorParams(model)
