@@ -132,7 +132,7 @@ config_bytes = st.one_of(
     st.builds(lambda t: b"\xef\xbb\xbf" + t.encode(), config_texts),
 )
 FUZZ = settings(
-    max_examples=150,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
