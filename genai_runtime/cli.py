@@ -27,6 +27,7 @@ from .errors import ConfigError, GenaiRuntimeError, GenerationError
 from .kv import plan_cache
 from .multimodal.processor import TRANSCRIBE_PROMPT
 from .routing import classify
+from .runtime.confirm import config_problems, probe_problems
 from .runtime.plan import Plan, build_plan, graph_problems
 from .runtime.sessions import load_sessions
 
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="write the v2 form of a config (v1 or v2)")
     p.add_argument("path", metavar="PATH", help="model folder or config file")
     p.add_argument("-o", "--output", metavar="OUT", help="output file (default: stdout)")
+    p.add_argument("--force", action="store_true", help="allow -o to overwrite an existing file")
     p.set_defaults(func=cmd_migrate)
 
     p = sub.add_parser("run", help="generate text for one prompt, streamed")
@@ -266,7 +268,7 @@ class GraphCheck:
 
 def check_graphs(spec: PipelineSpec) -> GraphCheck:
     """Load every session (without running it) and list every config/graph mismatch."""
-    _, ios, failures = load_sessions(spec, spec.sessions)  # every session: report them all
+    sessions, ios, failures = load_sessions(spec, spec.sessions)  # every one: report them all
     errors = [str(exc) for exc in failures]
     warnings: list[str] = []
     errors += graph_problems(spec, ios)
@@ -283,9 +285,35 @@ def check_graphs(spec: PipelineSpec) -> GraphCheck:
             errors += [str(p) for p in exc.problems]
         except GenaiRuntimeError as exc:  # the graph is fine; this runtime cannot run it yet
             warnings.append(f"runtime: {exc}")
+    errors += [str(p) for p in config_problems(spec, plan)]
+    if not errors and spec.plugin is None:
+        probe_errors, probe_warnings = probe_problems(spec, plan, sessions)
+        errors += probe_errors
+        warnings += probe_warnings
     if spec.plugin is not None:
         warnings.append("pipeline.plugin loads code: it runs only with trust_remote_code=True")
     return GraphCheck(plan, errors, warnings)
+
+
+def tokenizer_problems(spec: PipelineSpec) -> list[str]:
+    """Load the folder's tokenizer (if it has one) and compile its chat templates."""
+    from .tokenizer import Tokenizer, _compile_template
+
+    folder = spec.model_dir
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        return []
+    try:
+        tokenizer = Tokenizer.from_dir(
+            folder,
+            bos_token_id=spec.tokens.bos,
+            eos_token_ids=spec.tokens.eos,
+            pad_token_id=spec.tokens.pad,
+        )
+        for source in tokenizer._templates.values():
+            _compile_template(source)
+    except GenaiRuntimeError as exc:
+        return [str(exc)]
+    return []
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -295,8 +323,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check = check_graphs(spec)
         for warning in check.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        if check.errors:
-            for error in check.errors:
+        errors = check.errors + tokenizer_problems(spec)
+        if errors:
+            for error in errors:
                 print(f"error: {error}", file=sys.stderr)
             return 1
     print(f"ok: {args.path} (v{spec.source_version}, route {route.kind})")
@@ -337,7 +366,12 @@ def migrate_document(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    source = find_config_file(args.path)
     text = json.dumps(migrate_document(args.path), indent=2, ensure_ascii=False) + "\n"
+    if args.output and Path(args.output).exists() and not args.force:
+        same = Path(args.output).resolve() == source.resolve()
+        what = "is the source config" if same else "exists"
+        raise GenaiRuntimeError(f"{args.output} {what}: pass --force to overwrite it")
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")
         print(f"wrote {args.output}", file=sys.stderr)
@@ -428,8 +462,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         text = args.prompt
     ids = np.asarray(tokenizer.encode(text)).reshape(-1)
     options = _search_options(args)
+    context = model.spec.model.context_length
+    if context and len(ids) >= context:
+        raise GenerationError(
+            f"the prompt is {len(ids)} tokens; the model's context_length is {context}"
+        )
     if args.max_new_tokens is not None:
+        # Clamped: more new tokens than the context holds just means "until the context ends".
         options["max_length"] = len(ids) + args.max_new_tokens
+        if context:
+            options["max_length"] = min(options["max_length"], context)
     elif args.max_length is not None:
         options["max_length"] = args.max_length
     params = GeneratorParams(model)

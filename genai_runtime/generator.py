@@ -9,6 +9,7 @@ the README): a token generated but not yet run is fed along with tokens appended
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
@@ -23,6 +24,7 @@ from .kv import plan_cache
 from .model import Model
 from .runtime.executor import Executor
 from .runtime.plan import logits_problem
+from .validation import as_array, as_index, as_name, serialized, shown
 
 # onnxruntime-genai's search options (+ min_p), with the type each takes.
 SEARCH_OPTIONS: dict[str, type] = {
@@ -62,6 +64,8 @@ _RANGES = {
 
 class GeneratorParams:
     def __init__(self, model: Model):
+        if not isinstance(model, Model):
+            raise GenerationError(f"GeneratorParams(model): expected a Model, got {shown(model)}")
         self.model = model
         self.search: GenerationSpec = model.spec.generation
 
@@ -92,13 +96,17 @@ def _coerce(key: str, value: Any) -> Any:
     if kind is bool:
         if isinstance(value, (bool, np.bool_)) or value in (0, 1):
             return bool(value)
-        raise GenerationError(f"search option {key}: expected a bool, got {value!r}")
+        raise GenerationError(f"search option {key}: expected a bool, got {shown(value)}")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise GenerationError(f"search option {key}: expected a number, got {value!r}")
+        raise GenerationError(f"search option {key}: expected a number, got {shown(value)}")
+    if not math.isfinite(value):
+        raise GenerationError(f"search option {key}: expected a finite number, got {value!r}")
     if kind is int:
         if float(value) != int(value):
             raise GenerationError(f"search option {key}: expected an integer, got {value!r}")
         value = int(value)
+        if not -(2**31) <= value < 2**31:  # the reference's int32 fields
+            raise GenerationError(f"search option {key}: {value} does not fit in an int32")
     else:
         value = float(value)
     low, high = _RANGES.get(key, (None, None))
@@ -108,8 +116,15 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
+@serialized  # one lock per generator: calls from several threads take turns
 class Generator:
     def __init__(self, model: Model, params: GeneratorParams):
+        if not isinstance(model, Model):
+            raise GenerationError(f"Generator(model, params): expected a Model, got {shown(model)}")
+        if not isinstance(params, GeneratorParams):
+            raise GenerationError(
+                f"Generator(model, params): expected GeneratorParams, got {shown(params)}"
+            )
         search = params.search
         spec = model.spec
         if search.num_beams > 1 or search.num_return_sequences > 1:
@@ -127,6 +142,12 @@ class Generator:
             raise GenerationError("max_length is not set (generation.max_length / search)")
         if all(stage.logits is None for stage in model.plan.stages):
             raise logits_problem(spec, model.ios) or ModelError("no stage outputs logits")
+        context = spec.model.context_length
+        if context and search.max_length > context:  # the reference's check and wording
+            raise GenerationError(
+                f"max_length ({search.max_length}) cannot be greater than model context_length "
+                f"({context})"
+            )
         vocab = model.vocab_size
         if vocab is None:
             raise ModelError("the logits' vocabulary size is neither in the graph nor the config")
@@ -157,7 +178,13 @@ class Generator:
         self._chain = make_chain(search, eos_token_ids=spec.tokens.eos, vocab_size=vocab)
         self._greedy = search.is_greedy
         self._rng = make_rng(search.random_seed)
-        self._seq = np.zeros((self.batch_size, self.max_length), np.int32)
+        try:
+            self._seq = np.zeros((self.batch_size, self.max_length), np.int32)
+        except MemoryError:
+            raise GenerationError(
+                f"cannot allocate a {self.batch_size} x {self.max_length} token sequence "
+                "(batch_size x max_length)"
+            ) from None
         self._length = 0
         self._logits: np.ndarray | None = None  # logits awaiting a token choice
         self._pending: np.ndarray | None = None  # tokens in the sequence, not yet run
@@ -189,6 +216,10 @@ class Generator:
         self._done = False
 
     def generate_next_token(self) -> None:
+        if self._done and self._logits is None and self._length < self.max_length:
+            # Every row has ended: as the reference, run nothing and report pad as next tokens.
+            self._next[:] = self.pad_token_id
+            return
         if self._length == 0 and self._logits is None:
             raise GenerationError("generate_next_token before append_tokens: no tokens to extend")
         if self._length >= self.max_length:
@@ -244,6 +275,7 @@ class Generator:
         return self._next.copy()
 
     def get_sequence(self, index: int) -> np.ndarray:
+        index = as_index(index, "get_sequence(index)")
         if not 0 <= index < self.batch_size:
             raise GenerationError(f"sequence index {index} out of range [0, {self.batch_size})")
         return self._seq[index, : self._length].copy()
@@ -266,7 +298,7 @@ class Generator:
         return self._logits.reshape(self.batch_size, 1, -1).copy()
 
     def set_logits(self, logits: Any) -> None:
-        array = np.asarray(logits, dtype=np.float32)
+        array = as_array(logits, "set_logits(logits)").astype(np.float32)
         if array.size != self.batch_size * self.vocab_size:
             raise GenerationError(
                 f"set_logits expects {self.batch_size}x{self.vocab_size} values, got shape "
@@ -276,6 +308,7 @@ class Generator:
 
     def rewind_to(self, length: int) -> None:
         """Keep the first ``length`` tokens; the next step recomputes logits after them."""
+        length = as_index(length, "rewind_to(length)")
         if length < 0 or length > self._length:
             raise GenerationError(
                 f"cannot rewind to {length}: the sequence has {self._length} tokens"
@@ -300,15 +333,21 @@ class Generator:
         self._done = False
 
     def get_output(self, name: str) -> np.ndarray:
-        return self._exec.output(name)
+        return self._exec.output(as_name(name, "get_output(name)"))
 
     def get_input(self, name: str) -> np.ndarray:
-        if name in self._exec.user_inputs:
+        if as_name(name, "get_input(name)") in self._exec.user_inputs:
             return self._exec.user_inputs[name].numpy().copy()
         raise GenerationError(f"no input {name!r} was set with set_model_input")
 
     def set_model_input(self, name: str, value: Any) -> None:
-        array = np.ascontiguousarray(value.as_numpy() if hasattr(value, "as_numpy") else value)
+        as_name(name, "set_model_input(name)")
+        array = np.ascontiguousarray(
+            as_array(
+                value.as_numpy() if hasattr(value, "as_numpy") else value,
+                f"set_model_input({name!r}, value)",
+            )
+        )
         known = {f.name for s in self.model.plan.stages for f in s.feeds}
         if name not in known:
             raise GenerationError(
@@ -355,7 +394,7 @@ class Generator:
             log("hit_max_length", f"sequence reached max_length {self.max_length}")
 
     def _as_batch(self, tokens: Any) -> np.ndarray:
-        array = np.asarray(tokens)
+        array = as_array(tokens, "append_tokens(tokens)")
         if array.size == 0:
             raise GenerationError("append_tokens: no tokens given")
         if not np.issubdtype(array.dtype, np.integer):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -12,13 +11,15 @@ from typing import Any
 import onnxruntime as ort
 
 from .config import load
-from .config.loader import deep_merge
+from .config.loader import deep_merge, parse_json_text
 from .config.spec import PipelineSpec, ProviderSpec, frozen_map
 from .errors import ConfigError, TrustError, UnsupportedError
 from .routing import Route, classify
+from .runtime.confirm import config_problems
 from .runtime.graph_io import SessionIO
 from .runtime.plan import Plan, build_plan
 from .runtime.sessions import load_sessions
+from .validation import shown
 
 PathLike = str | os.PathLike
 
@@ -48,6 +49,8 @@ class Config:
         preset_dirs: Sequence[PathLike] = (),
         root: PathLike | None = None,
     ):
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigError([f"Config(path): expected a folder or file path, got {shown(path)}"])
         self.path = Path(path)
         self._preset_dirs = tuple(Path(p) for p in preset_dirs)
         self._root = Path(root) if root is not None else None
@@ -74,10 +77,13 @@ class Config:
         return dataclasses.replace(self._spec, sessions=frozen_map(sessions))
 
     def overlay(self, json_text: str) -> None:
-        try:
-            layer = json.loads(json_text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError([f"overlay is not valid JSON: {exc}"]) from exc
+        if not isinstance(json_text, str):
+            raise ConfigError([f"overlay: expected a JSON string, got {type(json_text).__name__}"])
+        if not json_text.strip():
+            return  # an empty overlay is no overlay, as in onnxruntime-genai
+        layer = parse_json_text(json_text, "config overlay")
+        if not isinstance(layer, dict):
+            raise ConfigError(["overlay: expected a JSON object at the top level"])
         self._overlays.append(layer)
         try:
             self._spec = self._load()
@@ -112,6 +118,8 @@ class Model:
         trust_remote_code: bool = False,
         root: PathLike | None = None,
     ):
+        if not isinstance(config, Config | str | os.PathLike):
+            raise ConfigError([f"Model(config): expected a Config or a path, got {shown(config)}"])
         if not isinstance(config, Config):
             config = Config(config, root=root)
         self.config = config
@@ -135,6 +143,9 @@ class Model:
         self.ios: dict[str, SessionIO] = ios
         # Loads without logits (hidden-states-only exports); Generator reports that gap.
         self.plan: Plan = build_plan(spec, self.ios, require_logits=False)
+        problems = config_problems(spec, self.plan)
+        if problems:
+            raise ConfigError(problems, str(config.path))
 
     @property
     def type(self) -> str:

@@ -20,12 +20,14 @@ from typing import Any
 
 import numpy as np
 
+from .config.bounded import TOKENIZER_LIMITS, LimitError, clip_text, load_json, read_bounded
 from .errors import TokenizerError
 
 __all__ = ["Tokenizer", "TokenizerStream"]
 
 _SPM_SPACE = "\u2581"  # sentencepiece's "▁", stands for a space in pieces
 _REPLACEMENT = "\ufffd"
+_MAX_TOKENIZER_JSON_BYTES = 1 << 30  # a sanity cap: the largest real ones are ~40 MB
 _OPTION_KEYS = frozenset({"add_special_tokens", "skip_special_tokens"})
 # Tokenizer families that get a BOS by convention when nothing else says so (as the reference).
 _BOS_BY_CLASS = frozenset({"Llama", "Phi3", "InternLM2", "Gemma", "CodeLlama", "Mistral"})
@@ -187,9 +189,9 @@ def _declared_added_tokens(path: Path) -> list[Any]:
 
 def _read_json(path: Path, what: str) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TokenizerError(f"cannot read {what} {path}: {exc}") from exc
+        return load_json(read_bounded(path, TOKENIZER_LIMITS.max_bytes), TOKENIZER_LIMITS)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, LimitError
+        raise TokenizerError(f"cannot read {what} {path}: {clip_text(str(exc))}") from exc
 
 
 def _parse_bool_option(value: Any) -> bool:
@@ -260,9 +262,9 @@ def _json_arg(value: Any, what: str) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise TokenizerError(f"{what} is not valid JSON: {exc}") from exc
+        return load_json(value, TOKENIZER_LIMITS)
+    except ValueError as exc:  # JSONDecodeError, LimitError
+        raise TokenizerError(f"{what} is not valid JSON: {clip_text(str(exc))}") from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,14 +327,38 @@ class Tokenizer:
         try:
             from tokenizers import Tokenizer as HfTokenizer  # imported when first needed
 
+            size = tok_path.stat().st_size
+            if size > _MAX_TOKENIZER_JSON_BYTES:
+                raise LimitError(
+                    f"file is {size} bytes, over the limit of {_MAX_TOKENIZER_JSON_BYTES}"
+                )
             self._hf = HfTokenizer.from_file(str(tok_path))
             spec = _tokenizer_meta(self._hf, tok_path)
         except Exception as exc:  # tokenizers raises plain Exception on bad files
-            raise TokenizerError(f"cannot load {tok_path}: {exc}") from exc
+            raise TokenizerError(f"cannot load {tok_path}: {clip_text(str(exc))}") from exc
         cfg_path = model_dir / "tokenizer_config.json"
         cfg = _read_json(cfg_path, "tokenizer config") if cfg_path.is_file() else {}
         if not isinstance(cfg, dict):
             raise TokenizerError(f"{cfg_path} must hold a JSON object")
+        try:
+            self._setup_from(model_dir, spec, cfg, bos, eos, pad, extra)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            # A value of the wrong JSON type somewhere in tokenizer_config.json / tokenizer.json.
+            raise TokenizerError(
+                f"malformed tokenizer files in {model_dir}: {type(exc).__name__}: "
+                f"{clip_text(str(exc))}"
+            ) from exc
+
+    def _setup_from(
+        self,
+        model_dir: Path,
+        spec: dict[str, Any],
+        cfg: dict[str, Any],
+        bos: int | None,
+        eos: tuple[int, ...],
+        pad: int | None,
+        extra: dict[str, int],
+    ) -> None:
         self._clip = self._class_name(cfg) == "CLIP"
         self._options = {"add_special_tokens": False, "skip_special_tokens": True}
 
@@ -445,7 +471,10 @@ class Tokenizer:
         chat_template.json. A single template is stored under "default"."""
         jinja_file = model_dir / "chat_template.jinja"
         if jinja_file.is_file():
-            return {"default": jinja_file.read_text(encoding="utf-8")}
+            try:
+                return {"default": read_bounded(jinja_file, TOKENIZER_LIMITS.max_bytes)}
+            except (OSError, UnicodeDecodeError, LimitError) as exc:
+                raise TokenizerError(f"cannot read {jinja_file}: {clip_text(str(exc))}") from exc
         source: Any = cfg.get("chat_template")
         if not source and (model_dir / "chat_template.json").is_file():
             extra = _read_json(model_dir / "chat_template.json", "chat template")
@@ -558,6 +587,8 @@ class Tokenizer:
     def to_token_id(self, token: str) -> int:
         """Id of one token string (an added token or a vocabulary piece); -1 if there is none,
         as the reference returns."""
+        if not isinstance(token, str):
+            raise TokenizerError(f"to_token_id(token): expected a str, got {type(token).__name__}")
         idx = self._added_ids.get(token)
         if idx is None:
             idx = self._vocab.get(token)
@@ -665,7 +696,11 @@ class Tokenizer:
             raise TokenizerError(
                 'messages must be a JSON array of objects, e.g. [{"role": "user", "content": "Hi"}]'
             )
-        tool_list = _json_arg(tools, "tools") if tools not in (None, "") else None
+        if template_str is not None and not isinstance(template_str, str):
+            kind = type(template_str).__name__
+            raise TokenizerError(f"apply_chat_template(template_str): expected a str, got {kind}")
+        no_tools = tools is None or (isinstance(tools, str) and not tools)
+        tool_list = None if no_tools else _json_arg(tools, "tools")
         source = template_str or self._pick_template(tool_list is not None)
         template = _compile_template(source)
         context: dict[str, Any] = dict(self._special_text)
@@ -694,6 +729,15 @@ class Tokenizer:
             f"no chat template in {self.model_dir} (no chat_template.jinja, no 'chat_template' in "
             "tokenizer_config.json); pass one with apply_chat_template(..., template_str=...)"
         )
+
+
+def _token_id(token: Any, what: str) -> int:
+    """One token id: a Python or numpy integer (bool and everything else are refused)."""
+    if isinstance(token, np.ndarray) and token.size == 1:
+        token = token.reshape(()).item()
+    if isinstance(token, bool | np.bool_) or not isinstance(token, int | np.integer):
+        raise TokenizerError(f"{what}: expected an integer token id, got {type(token).__name__}")
+    return int(token)
 
 
 def _as_ids(tokens: Any) -> np.ndarray:
@@ -731,7 +775,7 @@ class TokenizerStream:
     def decode(self, token: int) -> str:
         """Text newly completed by ``token`` (possibly "")."""
         tok = self._tok
-        idx = int(token)
+        idx = _token_id(token, "TokenizerStream.decode(token)")
         data, special = tok._token_bytes(
             idx, self._prev_special, tok._options["skip_special_tokens"]
         )

@@ -22,6 +22,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 
 from ..errors import ConfigError, ConfigProblem
+from .bounded import CONFIG_LIMITS, LimitError, clip_text, load_json, load_yaml, read_bounded
 from .resources import resource_dir
 
 CONFIG_NAMES = ("genai_config.json", "genai_config.yaml", "genai_config.yml")
@@ -124,18 +125,26 @@ def _types(schema: dict) -> list[str]:
 
 def find_config_file(path: str | Path) -> Path:
     """The config file for ``path``: a file itself, or genai_config.json/.yaml/.yml in a folder."""
+    if not isinstance(path, str | Path) or isinstance(path, bool):
+        message = f"expected a model folder or config file path, got {type(path).__name__}"
+        raise ConfigError([ConfigProblem("", message)])
     p = Path(path).expanduser()
-    if p.is_dir():
-        for name in CONFIG_NAMES:
-            if (p / name).is_file():
-                return p / name
-        wanted = ", ".join(CONFIG_NAMES[:-1]) + f" or {CONFIG_NAMES[-1]}"
-        raise ConfigError([ConfigProblem("", f"no {wanted} in folder {p}")], str(p))
-    if p.is_file():
-        return p
+    shown = clip_text(str(p))
+    try:
+        if p.is_dir():
+            for name in CONFIG_NAMES:
+                if (p / name).is_file():
+                    return p / name
+            wanted = ", ".join(CONFIG_NAMES[:-1]) + f" or {CONFIG_NAMES[-1]}"
+            raise ConfigError([ConfigProblem("", f"no {wanted} in folder {shown}")], shown)
+        if p.is_file():
+            return p
+    except (OSError, ValueError) as exc:  # name too long, NUL byte in the name...
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError([ConfigProblem("", f"cannot use path {shown}: {reason}")]) from None
     raise ConfigError(
-        [ConfigProblem("", f"{p} does not exist (expected a model folder or a config file)")],
-        str(p),
+        [ConfigProblem("", f"{shown} does not exist (expected a model folder or a config file)")],
+        shown,
     )
 
 
@@ -144,9 +153,11 @@ def read_document(path: str | Path) -> tuple[dict, Path]:
     file = find_config_file(path)
     source = str(file)
     try:
-        text = file.read_text(encoding="utf-8-sig")  # builder files may start with a BOM
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([ConfigProblem("", f"cannot read file: {exc}")], source) from None
+        # builder files may start with a BOM
+        text = read_bounded(file, CONFIG_LIMITS.max_bytes, encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError, LimitError) as exc:
+        message = f"cannot read file: {clip_text(str(exc), 200)}"
+        raise ConfigError([ConfigProblem("", message)], source) from None
     if file.suffix.lower() in _YAML_SUFFIXES:
         doc = _parse_yaml(text, source)
     else:
@@ -161,6 +172,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
 
 
+def parse_json_text(text: str, source: str) -> Any:
+    """A config JSON document from text, bounded and strict; ``ConfigError`` on any problem."""
+    return _parse_json(text, source)
+
+
 def _parse_json(text: str, source: str) -> Any:
     duplicated: dict[int, list[str]] = {}  # id(object) -> keys it repeats
 
@@ -172,10 +188,14 @@ def _parse_json(text: str, source: str) -> Any:
         return obj
 
     try:
-        doc = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=pairs_hook)
+        doc = load_json(
+            text, CONFIG_LIMITS, parse_constant=_reject_constant, object_pairs_hook=pairs_hook
+        )
     except json.JSONDecodeError as exc:
         message = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         raise ConfigError([ConfigProblem("", message)], source) from None
+    except LimitError as exc:
+        raise ConfigError([ConfigProblem("", f"JSON refused: {exc}")], source) from None
     except ValueError as exc:
         raise ConfigError([ConfigProblem("", f"invalid JSON: {exc}")], source) from None
     if duplicated:  # json.loads keeps the last of repeated keys: silently losing the others
@@ -203,7 +223,9 @@ def _parse_yaml(text: str, source: str) -> Any:
     import yaml  # only YAML configs need it
 
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text, CONFIG_LIMITS)
+    except LimitError as exc:
+        raise ConfigError([ConfigProblem("", f"YAML refused: {exc}")], source) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -511,7 +533,7 @@ def _num(x: float) -> str:
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 3] + "..."
+    return clip_text(text, _MAX_VALUE_CHARS)
 
 
 def _json(value: Any) -> str:

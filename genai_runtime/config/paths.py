@@ -15,6 +15,7 @@ from ..errors import ConfigProblem, PathEscapeError
 _FILE_KEYS = ("filename", "file")
 # Keys whose value is native code to load: allowed only with the caller's trust flag.
 CODE_KEYS = ("custom_ops_library", "library")
+_MAX_NAME_CHARS = 200  # longer names are quoted cut short in messages
 
 
 def resolve_inside(model_dir: Path, name: str, root: Path | None, where: str) -> Path:
@@ -28,14 +29,17 @@ def resolve_inside(model_dir: Path, name: str, root: Path | None, where: str) ->
 def path_problem(model_dir: Path, name: str, root: Path | None, where: str) -> ConfigProblem | None:
     if not name:
         return ConfigProblem(where, "expected a file name, got an empty string")
+    shown = repr(name) if len(name) <= _MAX_NAME_CHARS else repr(name[:_MAX_NAME_CHARS]) + "..."
+    if len(name) > _MAX_NAME_CHARS * 20 or "\x00" in name:
+        return ConfigProblem(where, f"expected a usable file name, got {shown} ({len(name)} chars)")
     if PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute():
-        return ConfigProblem(where, f"absolute paths are not allowed, got {name!r}")
+        return ConfigProblem(where, f"absolute paths are not allowed, got {shown}")
     base = (root or model_dir).resolve()
     target = (model_dir / name).resolve()
     if target != base and base not in target.parents:
         return ConfigProblem(
             where,
-            f"{name!r} resolves to {target}, outside the model folder {base} "
+            f"{shown} resolves to {target}, outside the model folder {base} "
             "(pass an explicit root to allow sibling folders)",
         )
     return None

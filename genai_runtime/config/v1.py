@@ -143,10 +143,11 @@ def _kv_state(decoder: dict[str, Any]) -> dict[str, Any]:
             value = (inputs if side == "inputs" else outputs).get(key)
             if value:
                 kv[name] = value
+    # 0 is a value (and a wrong one the graph check reports), not "unset".
     for key, name in _KV_DIMS.items():
-        if decoder.get(key):
+        if decoder.get(key) is not None:
             kv[name] = decoder[key]
-    if decoder.get("head_size"):
+    if decoder.get("head_size") is not None:
         kv["head_size"] = decoder["head_size"]
     if "sliding_window" in decoder:
         kv["sliding_window"] = dict(decoder["sliding_window"])

@@ -122,7 +122,7 @@ def _layout(io, kv, session, past_k, past_v, present_k, present_v, layers) -> KV
                 )
         past.append(p)
         present.append(q)
-    if kv.num_layers and kv.num_layers != layers:
+    if kv.num_layers is not None and kv.num_layers != layers:
         raise ModelError(
             f"{io.file}: the config says {kv.num_layers} layers but the graph declares {layers} "
             f"past inputs matching {past_k!r}"
@@ -216,7 +216,7 @@ def _scatter_hidden(io: SessionIO, kv: KVCacheSpec, past: list) -> tuple[int, ..
 
 def _dim(info: TensorInfo, axis: int, configured: int | None, key: str, file: str) -> int | None:
     graph = info.static_dim(axis)
-    if graph is not None and configured and graph != configured:
+    if graph is not None and configured is not None and graph != configured:
         raise ModelError(
             f"{file}: KV input {info} has {key} {graph} but the config says {configured}"
         )

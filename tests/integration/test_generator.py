@@ -253,22 +253,6 @@ def test_every_deliberate_error_is_a_genai_runtime_error() -> None:
         assert issubclass(cls, RuntimeError)  # what onnxruntime-genai's bindings raise
 
 
-def test_share_buffer_grows_in_chunks_and_matches_concat() -> None:
-    model = smollm2_2layers()
-    grown = _generator(model, max_length=700, min_length=700, past_present_share_buffer=True)
-    cache = grown.kv_cache
-    grown.append_tokens(PROMPT)
-    assert cache.kind == "share-buffer"
-    assert cache.capacity == 256  # one chunk, not max_length
-    assert cache.nbytes == 256 * cache.layout.bytes_per_token(1)
-    _run(grown, 300)
-    assert cache.capacity == 512  # grew once, copied, re-bound
-
-    concat = _generator(model, max_length=700, min_length=700, past_present_share_buffer=False)
-    concat.append_tokens(PROMPT)
-    assert _run(concat, 300) == grown.get_sequence(0).tolist()
-
-
 def test_seeded_sampling_is_reproducible() -> None:
     model = smollm2_2layers()
 
