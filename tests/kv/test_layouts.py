@@ -67,11 +67,9 @@ def test_batch1_greedy_equals_recompute_without_cache(models, w, layout) -> None
     _step_and_check(generator, PROMPTS[:1], w, 3)
     if layout != "concat":  # written in place: the same buffers every step, no copies
         before = [a.__array_interface__["data"][0] for a in cache._arrays]
-        nbytes = cache.nbytes
     _step_and_check(generator, PROMPTS[:1], w, L.CAPACITY - len(PROMPTS[0]) - 4)
     if layout != "concat":
         assert [a.__array_interface__["data"][0] for a in cache._arrays] == before
-        assert cache.nbytes == nbytes
     per_token = 2 * L.LAYERS * L.KV_HEADS * L.HEAD * 4
     assert cache.nbytes >= cache.length * per_token
     assert cache.capacity >= cache.length == generator.token_count() - 1
