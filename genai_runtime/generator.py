@@ -16,8 +16,8 @@ import numpy as np
 import onnxruntime as ort
 
 from .config.spec import GenerationSpec
-from .decoding.processors import make_chain
-from .decoding.sampling import greedy, make_rng, sample
+from .decoding.chain import make_decoder
+from .decoding.sampling import make_rng
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .kv import plan_cache
 from .model import Model
@@ -63,6 +63,17 @@ class GeneratorParams:
     def __init__(self, model: Model):
         self.model = model
         self.search: GenerationSpec = model.spec.generation
+        self.guidance: tuple[str, str] | None = None
+
+    def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False) -> None:
+        """Constrain generation to a ``json_schema``, ``regex`` or ``lark_grammar`` (llguidance).
+
+        Checked when the Generator is built. ``enable_ff_tokens`` is accepted for compatibility;
+        forced tokens are still produced one step at a time.
+        """
+        if not isinstance(type, str) or not isinstance(data, str):
+            raise GenerationError("set_guidance expects two strings: type and data")
+        self.guidance = (type, data) if type or data else None
 
     def set_search_options(self, **options: Any) -> None:
         values = {}
@@ -150,8 +161,11 @@ class Generator:
             max_length=self.max_length,
             pad_token_id=spec.tokens.pad,
         )
-        self._chain = make_chain(search, eos_token_ids=spec.tokens.eos, vocab_size=vocab)
-        self._greedy = search.is_greedy
+        self._decoder = make_decoder(
+            search, eos_token_ids=spec.tokens.eos, vocab_size=vocab, batch_size=self.batch_size,
+            guidance=params.guidance,
+            tokenizer_json=None if spec.model_dir is None else spec.model_dir / "tokenizer.json",
+        )  # fmt: skip
         self._rng = make_rng(search.random_seed)
         self._seq = np.zeros((self.batch_size, self.max_length), np.int32)
         self._length = 0
@@ -179,6 +193,7 @@ class Generator:
         self._logits = self._forward(feed)
         self._seq[:, self._length : self._length + n] = new
         self._length += n
+        self._decoder.start(self._length)
         self._pending = None
         self._eos_seen[:] = False
         self._any_eos = False
@@ -194,20 +209,13 @@ class Generator:
         if self._logits is None:
             self._logits = self._forward(self._pending)
             self._pending = None
-        logits = self._logits
-        if self._chain is not None:
-            logits = self._chain(self._seq[:, : self._length], logits)
-        if self._greedy:
-            tokens = greedy(logits)
-        else:
-            s = self.search
-            tokens = sample(
-                logits, top_k=s.top_k, top_p=s.top_p, temperature=s.temperature,
-                min_p=s.min_p, rng=self._rng,
-            )  # fmt: skip
+        tokens = self._decoder(self._seq[:, : self._length], self._logits, self._rng)
         if self._any_eos:
             tokens[self._eos_seen] = self.pad_token_id
         hit = self._is_eos[tokens]
+        complete = self._decoder.commit(tokens)  # a finished grammar ends its row like EOS
+        if complete is not None:
+            hit = hit | complete
         if hit.any():
             self._eos_seen |= hit
             self._any_eos = True
@@ -269,6 +277,7 @@ class Generator:
             self._exec.rewind_to(length - 1)
             self._pending = self._seq[:, length - 1 : length].copy()
         self._length = length
+        self._decoder.rewind(self._seq[:, :length])
         self._logits = None
         self._eos_seen = self._is_eos[self._seq[:, :length]].any(axis=1)
         self._any_eos = bool(self._eos_seen.any())
