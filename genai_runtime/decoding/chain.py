@@ -281,7 +281,8 @@ def check_chain(
         if terminal is not None:
             problems.append(
                 ConfigProblem(
-                    path, f"op {spec.kind!r} after the terminal {terminal!r} at {terminal_at}"
+                    path,
+                    f"op {spec.kind!r} after the terminal {repr(terminal)!r} at {terminal_at}",
                 )
             )
             continue
