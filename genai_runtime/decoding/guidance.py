@@ -27,6 +27,8 @@ from ..errors import GenerationError, UnsupportedError
 from .processors import LOWEST
 
 GUIDANCE_KINDS = ("json_schema", "regex", "lark_grammar")
+# _BANNED_BITS[byte, i]: bit i (little-endian) of ``byte`` is clear, i.e. that token is banned.
+_BANNED_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1) == 0
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -140,12 +142,9 @@ class Grammar:
         self.vocab_size = vocab_size
         self._words = (vocab_size + 31) // 32
         self._bits = np.full((batch_size, self._words), -1, dtype=np.int32)
-        # Per-token word index and bit shift, and scratch, so masking allocates nothing.
-        ids = np.arange(vocab_size, dtype=np.int32)
-        self._word_of = ids >> 5
-        self._bit_of = ids & 31
-        self._scratch = np.empty(vocab_size, dtype=np.int32)
-        self._banned = np.empty(vocab_size, dtype=bool)
+        # Bytes of the bitmask expand to 8 "banned" flags through a 256-row table in one take()
+        # into a reused buffer: one pass over the vocabulary, nothing allocated per token.
+        self._banned = np.empty((self._words * 4, 8), dtype=bool)
         self.complete = np.zeros(batch_size, dtype=bool)
         self._consumed = 0
         self._pool: ThreadPoolExecutor | None = None
@@ -161,13 +160,11 @@ class Grammar:
                 f"{self.where}: logits have {logits.shape[1]} columns, the grammar's "
                 f"vocabulary {self.vocab_size}"
             )
-        bits, banned = self._scratch, self._banned
+        vocab = self.vocab_size
+        banned = self._banned.reshape(-1)[:vocab]
         for b, row in enumerate(logits):
             if not self.complete[b]:
-                np.take(self._bits[b], self._word_of, out=bits)
-                np.right_shift(bits, self._bit_of, out=bits)
-                np.bitwise_and(bits, 1, out=bits)
-                np.equal(bits, 0, out=banned)
+                np.take(_BANNED_BITS, self._bits[b].view(np.uint8), axis=0, out=self._banned)
                 np.copyto(row, LOWEST, where=banned)
         return logits
 
