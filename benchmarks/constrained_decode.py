@@ -94,7 +94,8 @@ def main() -> None:
         f"median decode tok/s: constrained {statistics.median(guided_rates):.1f}, "
         f"unconstrained {statistics.median(free_rates):.1f}; ratio constrained/unconstrained "
         f"median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
-        f"Generator build with a grammar (tokenizer cached) {statistics.median(builds) * 1e3:.1f} ms"
+        "Generator build with a grammar (tokenizer cached) "
+        f"{statistics.median(builds) * 1e3:.1f} ms"
     )
 
 

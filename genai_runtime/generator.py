@@ -213,7 +213,8 @@ class Generator:
         if self._any_eos:
             tokens[self._eos_seen] = self.pad_token_id
         hit = self._is_eos[tokens]
-        complete = self._decoder.commit(tokens)  # a finished grammar ends its row like EOS
+        # A finished grammar ends its row like EOS.
+        complete = self._decoder.commit(tokens, self._eos_seen if self._any_eos else None)
         if complete is not None:
             hit = hit | complete
         if hit.any():

@@ -143,9 +143,10 @@ class Decoder:
         if self.grammar is not None and self.grammar.consumed:
             self.grammar.restart()
 
-    def commit(self, tokens: np.ndarray) -> np.ndarray | None:
-        """Feed the chosen tokens to the grammar; rows it completed are True (None: no grammar)."""
-        return None if self.grammar is None else self.grammar.commit(tokens)
+    def commit(self, tokens: np.ndarray, ended: np.ndarray | None = None) -> np.ndarray | None:
+        """Feed the chosen tokens to the grammar (skipping ``ended`` rows); rows it completed
+        are True (None: no grammar)."""
+        return None if self.grammar is None else self.grammar.commit(tokens, ended)
 
     def rewind(self, sequence: np.ndarray) -> None:
         """The sequence was cut to ``sequence`` ``[B, T]``: replay the generated part kept."""

@@ -173,9 +173,14 @@ class Grammar:
 
     # -- state -------------------------------------------------------------------------------
 
-    def commit(self, tokens: np.ndarray) -> np.ndarray:
-        """Advance every unfinished row by its token; rows the grammar completed become True."""
+    def commit(self, tokens: np.ndarray, ended: np.ndarray | None = None) -> np.ndarray:
+        """Advance every unfinished row by its token; rows the grammar completed become True.
+
+        ``ended`` rows (already finished by the generator, fed pad tokens) are left alone.
+        """
         self._wait()
+        if ended is not None:
+            self.complete |= ended
         for b, matcher in enumerate(self._matchers):
             if self.complete[b]:
                 continue

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -16,6 +18,7 @@ import pytest
 from conftest import require_shared
 
 import genai_runtime as og
+from genai_runtime.cli import main as cli_main
 from genai_runtime.errors import ConfigError, GenerationError
 from genai_runtime.tokenizer import Tokenizer
 
@@ -175,7 +178,9 @@ def test_get_logits_is_raw_and_set_logits_is_still_constrained(smollm2):
 
 def test_rewind_replays_the_grammar(smollm2):
     model, tokenizer = smollm2
-    ids = _batch(tokenizer, ["Pick a date."])
+    # No chat template: its <|im_end|> is the EOS id, and rewind_to treats a row whose kept
+    # tokens contain EOS as finished.
+    ids = tokenizer.encode("The first moon landing happened on ")[None, :]
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=ids.shape[1] + 16)
     params.set_guidance("regex", DATE)
@@ -211,24 +216,57 @@ def test_bad_grammar_fails_before_any_token(smollm2, kind, data, words):
         assert word in str(info.value)
 
 
-def test_inline_grammar_op_and_bad_inline_grammar(smollm2):
-    model, tokenizer = smollm2
-    config = og.Config(str(require_shared("models", "smollm2-135m-instruct-int4")))
-    config.overlay(json.dumps({"generation": {"logits": [{"op": "grammar", "regex": DATE}]}}))
-    inline = og.Model(config)
+@pytest.fixture(scope="module")
+def v2_folder(tmp_path_factory, smollm2_2layers_dir) -> Path:
+    """A copy of the 2-layer model with its config migrated to v2 (logits chains are v2 only)."""
+    folder = tmp_path_factory.mktemp("v2") / "m"
+    shutil.copytree(smollm2_2layers_dir, folder, copy_function=shutil.copyfile)
+    assert cli_main(["migrate", str(folder), "-o", str(folder / "v2.json")]) == 0
+    (folder / "v2.json").replace(folder / "genai_config.json")
+    return folder
+
+
+def _with_chain(folder: Path, chain: list) -> Path:
+    doc = json.loads((folder / "genai_config.json").read_text())
+    doc.setdefault("generation", {})["logits"] = chain
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    return folder
+
+
+def test_inline_grammar_op_explain_and_bad_chains(v2_folder, capsys):
+    chain = [
+        {"op": "repetition_penalty", "penalty": 1.1},
+        {"op": "grammar", "regex": DATE},
+        {"op": "top_k", "k": 20},
+        {"op": "argmax"},
+    ]
+    folder = _with_chain(v2_folder, chain)
+    model = og.Model(str(folder))
+    tokenizer = Tokenizer(model)
     ids = _batch(tokenizer, ["Pick a date."])
-    params = og.GeneratorParams(inline)
+    params = og.GeneratorParams(model)
     params.set_search_options(max_length=ids.shape[1] + 16)
-    generator = og.Generator(inline, params)
+    generator = og.Generator(model, params)
     generator.append_tokens(ids)
     while not generator.is_done():
         generator.generate_next_token()
     assert re.fullmatch(DATE, tokenizer.decode(generator.get_sequence(0)[ids.shape[1] :]))
 
-    bad = og.Config(str(require_shared("models", "smollm2-135m-instruct-int4")))
-    bad.overlay(json.dumps({"generation": {"logits": [{"op": "grammar", "regex": "(("}]}}))
-    params = og.GeneratorParams(og.Model(bad))
+    assert cli_main(["explain", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "decoding chain: RepetitionPenalty(1.1) -> grammar(regex) -> argmax -> "
+        "skipped before argmax: top_k(20)" in out
+    )
+
+    _with_chain(folder, [{"op": "grammar", "regex": "(("}])
+    params = og.GeneratorParams(og.Model(str(folder)))
     params.set_search_options(max_length=32)
     with pytest.raises(ConfigError) as info:
         og.Generator(params.model, params)
     assert [p.path for p in info.value.problems] == ["generation.logits[0].regex"]
+
+    _with_chain(folder, [{"op": "sample"}, {"op": "top_kk", "k": 2}])
+    assert cli_main(["validate", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert "generation.logits[1]" in err and "after the terminal 'sample'" in err
