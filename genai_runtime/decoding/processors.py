@@ -5,8 +5,8 @@ sequence so far (prompt + generated, right-padding pad tokens included, as onnxr
 sees it) and ``logits`` the float32 ``[B, V]`` scores for the next position. Processors modify
 ``logits`` **in place** and return it: the caller passes a buffer it owns.
 
-Temperature, top-k, top-p and min-p are not processors; they shape the sampling distribution
-(see ``decoding.sampling``), as in onnxruntime-genai.
+Temperature, top-k, top-p and min-p are not processors here: the reference order fuses them into
+its sampler (``decoding.sampling``); a v2 chain runs them as separate ops (``decoding.warpers``).
 
 Masking uses the lowest finite float32 (not -inf), like the reference, so a fully masked row
 still has a finite softmax. Token ids outside ``[0, V)`` are ignored everywhere.

@@ -75,6 +75,23 @@ def test_top_p_keeps_the_shortest_prefix_reaching_p():
     np.testing.assert_array_equal(out, expected)
 
 
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
+def test_top_p_on_a_large_vocabulary_matches_a_full_sort(p):
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((3, 5000)) * np.array([[0.5], [2.0], [6.0]])).astype(np.float32)
+    out = TopP(p)(NO_TOKENS, logits.copy())
+    for row, got in zip(logits, out, strict=True):
+        probs = _softmax(row)
+        order = sorted(range(row.size), key=lambda i: (-row[i], i))
+        mass, kept = 0.0, []
+        for i in order:
+            kept.append(i)
+            mass += probs[i]
+            if mass >= p:
+                break
+        assert np.flatnonzero(got != L).tolist() == sorted(kept)
+
+
 def test_min_p_drops_below_fraction_of_top():
     # relative probabilities exp(0)=1, exp(-0.5)=0.61, exp(-1)=0.37, exp(-3)=0.05
     out = MinP(0.5)(NO_TOKENS, f32([[0, -0.5, -1, -3], [-3, -1, -0.5, 0]]))
