@@ -123,12 +123,22 @@ class Decoder:
         self.implicit_terminal = implicit_terminal
         self.reference_order = reference_order
         self.grammar: Grammar | None = next((o for o in self.ops if isinstance(o, Grammar)), None)
+        # Greedy with the grammar last: mask only rows whose argmax the grammar bans.
+        self._grammar_argmax = (
+            self.grammar is not None
+            and self.ops[-1] is self.grammar
+            and isinstance(terminal, (Argmax, ReferenceGreedy))
+        )
         self._starts = [o for o in self.ops if hasattr(o, "start")]
         self._prompt_end = 0
 
     def __call__(
         self, tokens: np.ndarray, logits: np.ndarray, rng: np.random.Generator
     ) -> np.ndarray:
+        if self._grammar_argmax:
+            for op in self.ops[:-1]:
+                logits = op(tokens, logits)
+            return self.grammar.argmax(logits)
         for op in self.ops:
             logits = op(tokens, logits)
         return self.terminal(logits, rng)
@@ -205,9 +215,12 @@ def make_decoder(
     if not generation.logits:
         builtins = make_chain(generation, eos_token_ids=eos_token_ids, vocab_size=vocab_size)
         ops: list[Processor] = [] if builtins is None else list(builtins.processors)
-        if guidance is not None:
-            ops.insert(0, grammar(guidance[0], guidance[1], "set_guidance"))
         terminal = ReferenceGreedy() if generation.is_greedy else ReferenceSample(generation)
+        if guidance is not None:
+            # The reference masks first. Its processors only mask or rescale, so a masked token
+            # stays below every allowed one: for greedy, masking last picks the same token.
+            where = len(ops) if generation.is_greedy else 0
+            ops.insert(where, grammar(guidance[0], guidance[1], "set_guidance"))
         return Decoder(ops, terminal, reference_order=True)
 
     plan = check_chain(generation, eos_token_ids=eos_token_ids, vocab_size=vocab_size)

@@ -160,13 +160,27 @@ class Grammar:
                 f"{self.where}: logits have {logits.shape[1]} columns, the grammar's "
                 f"vocabulary {self.vocab_size}"
             )
-        vocab = self.vocab_size
-        banned = self._banned.reshape(-1)[:vocab]
         for b, row in enumerate(logits):
             if not self.complete[b]:
-                np.take(_BANNED_BITS, self._bits[b].view(np.uint8), axis=0, out=self._banned)
-                np.copyto(row, LOWEST, where=banned)
+                self._mask_row(b, row)
         return logits
+
+    def argmax(self, logits: np.ndarray) -> np.ndarray:
+        """``argmax(self(tokens, logits))`` without masking rows whose argmax is allowed.
+
+        The lowest id among the row's maxima is the masked row's argmax too when it is allowed.
+        """
+        self._wait()
+        out = np.argmax(logits, axis=1).astype(np.int32)
+        for b, t in enumerate(out.tolist()):
+            if not self.complete[b] and not (int(self._bits[b, t >> 5]) >> (t & 31)) & 1:
+                self._mask_row(b, logits[b])
+                out[b] = np.argmax(logits[b])
+        return out
+
+    def _mask_row(self, b: int, row: np.ndarray) -> None:
+        np.take(_BANNED_BITS, self._bits[b].view(np.uint8), axis=0, out=self._banned)
+        np.copyto(row, LOWEST, where=self._banned.reshape(-1)[: self.vocab_size])
 
     def __repr__(self) -> str:
         return f"grammar({self.kind})"

@@ -270,3 +270,34 @@ def test_inline_grammar_op_explain_and_bad_chains(v2_folder, capsys):
     assert cli_main(["validate", str(folder)]) == 1
     err = capsys.readouterr().err
     assert "generation.logits[1]" in err and "after the terminal 'sample'" in err
+
+
+def test_grammar_argmax_shortcut_equals_masking_then_argmax(smollm2):
+    """Greedy skips masking rows whose argmax is allowed; it must pick what masking would."""
+    from genai_runtime.decoding.guidance import Grammar
+
+    model, tokenizer = smollm2
+    folder = require_shared("models", "smollm2-135m-instruct-int4")
+    text = '{"name": "Ada", "age": 36}'
+    answer = tokenizer.encode(text).tolist()
+    if answer and answer[0] == model.spec.tokens.bos:
+        answer = answer[1:]
+    make = lambda: Grammar(  # noqa: E731
+        "json_schema", json.dumps(PERSON), tokenizer_json=folder / "tokenizer.json",
+        vocab_size=model.vocab_size, eos_token_ids=[2], batch_size=2,
+    )  # fmt: skip
+    fast, slow = make(), make()
+    rng = np.random.default_rng(0)
+    allowed_hits = 0
+    for token in answer:
+        logits = rng.standard_normal((2, model.vocab_size)).astype(np.float32)
+        logits[0, token] = 9.0  # row 0: the raw argmax is allowed; row 1: almost surely not
+        expected = np.argmax(slow(None, logits.copy()), axis=1)
+        got = fast.argmax(logits.copy())
+        assert got.tolist() == expected.tolist()
+        allowed_hits += int(got[0] == token)
+        step = np.array([token, token], np.int32)
+        fast.commit(step)
+        slow.commit(step)
+    assert allowed_hits == len(answer)
+    assert fast.complete.all() and slow.complete.all()
