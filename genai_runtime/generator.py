@@ -153,6 +153,12 @@ class Generator:
         if layout is not None:
             kv_plan = plan_cache(layout, spec.state.kv_cache, search.past_present_share_buffer)
         self.kv_plan = kv_plan
+        # Built first: a bad chain or grammar fails before the executor allocates its buffers.
+        self._decoder = make_decoder(
+            search, eos_token_ids=spec.tokens.eos, vocab_size=vocab, batch_size=self.batch_size,
+            guidance=params.guidance,
+            tokenizer_json=None if spec.model_dir is None else spec.model_dir / "tokenizer.json",
+        )  # fmt: skip
         self._exec = Executor(
             model.plan,
             model.sessions,
@@ -161,11 +167,6 @@ class Generator:
             max_length=self.max_length,
             pad_token_id=spec.tokens.pad,
         )
-        self._decoder = make_decoder(
-            search, eos_token_ids=spec.tokens.eos, vocab_size=vocab, batch_size=self.batch_size,
-            guidance=params.guidance,
-            tokenizer_json=None if spec.model_dir is None else spec.model_dir / "tokenizer.json",
-        )  # fmt: skip
         self._rng = make_rng(search.random_seed)
         self._seq = np.zeros((self.batch_size, self.max_length), np.int32)
         self._length = 0

@@ -259,6 +259,13 @@ def test_inline_grammar_op_explain_and_bad_chains(v2_folder, capsys):
         "skipped before argmax: top_k(20)" in out
     )
 
+    # A search option that the chain replaces contradicts it when set at run time too.
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32, top_k=5)
+    with pytest.raises(ConfigError) as info:
+        og.Generator(model, params)
+    assert [p.path for p in info.value.problems] == ["generation.top_k"]
+
     _with_chain(folder, [{"op": "grammar", "regex": "(("}])
     params = og.GeneratorParams(og.Model(str(folder)))
     params.set_search_options(max_length=32)
