@@ -128,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-new-tokens", type=_positive_int, metavar="N", help="max_length = prompt length + N"
     )
     _add_search_args(p)
+    guide = p.add_mutually_exclusive_group()
+    guide.add_argument(
+        "--json-schema", metavar="FILE", help="constrain the output to a JSON schema"
+    )
+    guide.add_argument("--regex", metavar="PATTERN", help="constrain the output to a regex")
+    guide.add_argument("--lark", metavar="FILE", help="constrain the output to a Lark grammar")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("chat", help="interactive multi-turn chat over stdin")
@@ -476,6 +482,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         options["max_length"] = args.max_length
     params = GeneratorParams(model)
     params.set_search_options(**options)
+    if args.json_schema is not None:
+        params.set_guidance("json_schema", Path(args.json_schema).read_text(encoding="utf-8"))
+    elif args.lark is not None:
+        params.set_guidance("lark_grammar", Path(args.lark).read_text(encoding="utf-8"))
+    elif args.regex is not None:
+        params.set_guidance("regex", args.regex)
     generator = Generator(model, params)
     if args.audio is not None:
         from .multimodal import Audios

@@ -57,6 +57,7 @@ def explain_spec(
         "strategy": _strategy(spec),
         "tokens": _tokens(spec),
         "generation": generation_changes(spec.generation),
+        "chain": decoding_chain(spec, plan),
         "kv_cache_config": _non_default(spec.state.kv_cache),
         "notes": list(spec.metadata.get("translation_notes", ())),
         "graphs": None,
@@ -84,11 +85,25 @@ def generation_changes(generation: GenerationSpec) -> dict[str, Any]:
         if value == getattr(default, f.name):
             continue
         if f.name == "logits":
-            value = [{"kind": p.kind, **dict(p.params)} for p in value]
+            value = [{"op": p.kind, **dict(p.params)} for p in value]
         elif isinstance(value, tuple):
             value = list(value)
         out[f.name] = value
     return out
+
+
+def decoding_chain(spec: PipelineSpec, plan: Plan | None = None) -> list[str]:
+    """The logits ops and the terminal, in the order they will run for this config."""
+    from .decoding.chain import make_decoder
+
+    vocab = (plan.vocab_size if plan is not None else None) or spec.model.vocab_size
+    try:
+        decoder = make_decoder(
+            spec.generation, eos_token_ids=spec.tokens.eos, vocab_size=vocab or 2**31 - 1
+        )
+    except GenaiRuntimeError as error:
+        return [f"invalid: {error}"]
+    return decoder.describe()
 
 
 # -- pieces of the report ------------------------------------------------------------------
@@ -257,6 +272,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         add("strategy: " + _pairs(report["strategy"]))
     add("tokens: " + _pairs(report["tokens"]))
     add("generation (differs from defaults): " + (_pairs(report["generation"]) or "(none)"))
+    if report.get("chain"):
+        add("decoding chain: " + " -> ".join(report["chain"]))
     lines += [f"note: {note}" for note in report.get("notes", ())]
 
     graphs = report.get("graphs")

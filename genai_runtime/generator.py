@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from .config.spec import GenerationSpec
-from .decoding.processors import make_chain
-from .decoding.sampling import greedy, make_rng, sample
+from .decoding.chain import make_decoder
+from .decoding.sampling import make_rng
 from .environment import LOG, log
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .kv import plan_cache
@@ -68,6 +68,17 @@ class GeneratorParams:
             raise GenerationError(f"GeneratorParams(model): expected a Model, got {shown(model)}")
         self.model = model
         self.search: GenerationSpec = model.spec.generation
+        self.guidance: tuple[str, str] | None = None
+
+    def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False) -> None:
+        """Constrain generation to a ``json_schema``, ``regex`` or ``lark_grammar`` (llguidance).
+
+        Checked when the Generator is built. ``enable_ff_tokens`` is accepted for compatibility;
+        forced tokens are still produced one step at a time.
+        """
+        if not isinstance(type, str) or not isinstance(data, str):
+            raise GenerationError("set_guidance expects two strings: type and data")
+        self.guidance = (type, data) if type or data else None
 
     def set_search_options(self, **options: Any) -> None:
         values = {}
@@ -166,6 +177,12 @@ class Generator:
         if layout is not None:
             kv_plan = plan_cache(layout, spec.state.kv_cache, search.past_present_share_buffer)
         self.kv_plan = kv_plan
+        # Built first: a bad chain or grammar fails before the executor allocates its buffers.
+        self._decoder = make_decoder(
+            search, eos_token_ids=spec.tokens.eos, vocab_size=vocab, batch_size=self.batch_size,
+            guidance=params.guidance,
+            tokenizer_json=None if spec.model_dir is None else spec.model_dir / "tokenizer.json",
+        )  # fmt: skip
         self._exec = Executor(
             model.plan,
             model.sessions,
@@ -175,8 +192,6 @@ class Generator:
             pad_token_id=spec.tokens.pad,
             tokens=spec.tokens,
         )
-        self._chain = make_chain(search, eos_token_ids=spec.tokens.eos, vocab_size=vocab)
-        self._greedy = search.is_greedy
         self._rng = make_rng(search.random_seed)
         try:
             self._seq = np.zeros((self.batch_size, self.max_length), np.int32)
@@ -210,6 +225,7 @@ class Generator:
         self._logits = self._forward(feed)
         self._seq[:, self._length : self._length + n] = new
         self._length += n
+        self._decoder.start(self._length)
         self._pending = None
         self._eos_seen[:] = False
         self._any_eos = False
@@ -232,20 +248,16 @@ class Generator:
         if self._logits is None:
             self._logits = self._forward(self._pending)
             self._pending = None
-        logits = self._logits
-        if self._chain is not None:
-            logits = self._chain(self._seq[:, : self._length], logits)
-        if self._greedy:
-            tokens = greedy(logits)
-        else:
-            s = self.search
-            tokens = sample(
-                logits, top_k=s.top_k, top_p=s.top_p, temperature=s.temperature,
-                min_p=s.min_p, rng=self._rng,
-            )  # fmt: skip
+        tokens = self._decoder(self._seq[:, : self._length], self._logits, self._rng)
         if self._any_eos:
             tokens[self._eos_seen] = self.pad_token_id
         hit = self._is_eos[tokens]
+        # A finished grammar ends its row like EOS, but its last token is content, not EOS.
+        complete = self._decoder.commit(tokens, self._eos_seen if self._any_eos else None)
+        content_end = False
+        if complete is not None:
+            content_end = bool((complete & ~hit & ~self._eos_seen).any())
+            hit = hit | complete
         if hit.any():
             self._eos_seen |= hit
             self._any_eos = True
@@ -253,9 +265,10 @@ class Generator:
         self._logits = None
         if LOG.enabled:
             self._log_step(hit)
-        if self._any_eos and self._eos_seen.all():
-            # As the reference: the step that ends the last row is reported by get_next_tokens
-            # but not appended, and never runs (token_count excludes it).
+        all_ended = self._any_eos and bool(self._eos_seen.all())
+        if all_ended and not content_end:
+            # As the reference: the EOS step that ends the last row is reported by
+            # get_next_tokens but not appended, and never runs (token_count excludes it).
             self._done = True
             self._exec.finish()
             return
@@ -264,7 +277,7 @@ class Generator:
         # Logits set by hand skip a forward pass: earlier unrun tokens then run with this one.
         step = tokens[:, None]
         self._pending = step if self._pending is None else np.hstack([self._pending, step])
-        self._done = self._length >= self.max_length
+        self._done = all_ended or self._length >= self.max_length
         if self._done:
             self._exec.finish()  # final-phase stages, once; their outputs via get_output()
 
@@ -326,6 +339,7 @@ class Generator:
             self._exec.rewind_to(length - 1)
             self._pending = self._seq[:, length - 1 : length].copy()
         self._length = length
+        self._decoder.rewind(self._seq[:, :length])
         self._logits = None
         # As the reference: EOS ids in the kept prefix (a chat prompt holds some) end nothing.
         self._eos_seen[:] = False

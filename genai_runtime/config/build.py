@@ -163,12 +163,15 @@ def _generation(raw: dict[str, Any]) -> GenerationSpec:
         values.setdefault("do_sample", raw.get("do_sample", True))
     values.pop("blank_penalty", None)
     logits = tuple(
-        ProcessorSpec(
-            kind=p["kind"], params=frozen_map({k: v for k, v in p.items() if k != "kind"})
-        )
+        ProcessorSpec(kind=p["op"], params=frozen_map({k: v for k, v in p.items() if k != "op"}))
         for p in raw.get("logits", [])
     )
-    return GenerationSpec(**values, logits=logits, stop=tuple(raw.get("stop", ())))
+    generation = GenerationSpec(**values, logits=logits, stop=tuple(raw.get("stop", ())))
+    if logits:
+        from ..decoding.chain import check_chain
+
+        check_chain(generation)  # unknown ops, bad values, contradictions: at their JSON paths
+    return generation
 
 
 def _strategy(raw: dict[str, Any] | None) -> StrategySpec:

@@ -5,8 +5,8 @@ sequence so far (prompt + generated, right-padding pad tokens included, as onnxr
 sees it) and ``logits`` the float32 ``[B, V]`` scores for the next position. Processors modify
 ``logits`` **in place** and return it: the caller passes a buffer it owns.
 
-Temperature, top-k, top-p and min-p are not processors; they shape the sampling distribution
-(see ``decoding.sampling``), as in onnxruntime-genai.
+Temperature, top-k, top-p and min-p are not processors here: the reference order fuses them into
+its sampler (``decoding.sampling``); a v2 chain runs them as separate ops (``decoding.warpers``).
 
 Masking uses the lowest finite float32 (not -inf), like the reference, so a fully masked row
 still has a finite softmax. Token ids outside ``[0, V)`` are ignored everywhere.
@@ -335,6 +335,81 @@ class SuppressTokens:
         return f"SuppressTokens({self._ids.ids.tolist()})"
 
 
+class MinNewTokens:
+    """Forbid every EOS id until ``min_new_tokens`` tokens follow the prompt.
+
+    The prompt ends where the last ``append_tokens`` left the sequence; the generator reports
+    it through ``start`` (a chain built outside a generator counts from the first call's length).
+    """
+
+    def __init__(
+        self, min_new_tokens: int, eos_token_ids: Sequence[int], *, vocab_size: int | None = None
+    ):
+        self.min_new_tokens = _int("min_new_tokens", min_new_tokens, minimum=0)
+        self._eos = _IdSet(_token_ids("eos_token_ids", eos_token_ids), vocab_size)
+        self.prompt_length: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.min_new_tokens > 0 and self._eos.ids.size > 0
+
+    def start(self, prompt_length: int) -> None:
+        self.prompt_length = prompt_length
+
+    def __call__(self, tokens: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        if self.prompt_length is None:
+            self.prompt_length = tokens.shape[1]
+        if tokens.shape[1] - self.prompt_length < self.min_new_tokens:
+            ids = self._eos.within(logits.shape[1])
+            if ids.size:
+                logits[:, ids] = LOWEST
+        return logits
+
+    def __repr__(self) -> str:
+        return f"MinNewTokens({self.min_new_tokens}, eos={self._eos.ids.tolist()})"
+
+
+class BadWords:
+    """Never complete one of the given token sequences.
+
+    A one-token sequence is always banned; a longer one bans its last token in the rows whose
+    trailing tokens equal the rest of it.
+    """
+
+    def __init__(self, sequences: Sequence[Sequence[int]], *, vocab_size: int | None = None):
+        if isinstance(sequences, (str, Mapping)) or not isinstance(sequences, Iterable):
+            raise _bad("sequences", f"expected a list of token-id lists, got {sequences!r}")
+        parsed = []
+        for i, seq in enumerate(sequences):
+            if isinstance(seq, (str, Mapping)) or not isinstance(seq, Iterable):
+                raise _bad(f"sequences[{i}]", f"expected a list of token ids, got {seq!r}")
+            ids = tuple(_token_id(f"sequences[{i}][{j}]", t) for j, t in enumerate(seq))
+            if not ids:
+                raise _bad(f"sequences[{i}]", "an empty sequence bans nothing")
+            parsed.append(ids)
+        self.sequences = tuple(parsed)
+        self._single = _IdSet([s[0] for s in parsed if len(s) == 1], vocab_size)
+        self._longer = [(np.array(s[:-1], np.int32), s[-1]) for s in parsed if len(s) > 1]
+
+    @property
+    def active(self) -> bool:
+        return bool(self.sequences)
+
+    def __call__(self, tokens: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        vocab = logits.shape[1]
+        ids = self._single.within(vocab)
+        if ids.size:
+            logits[:, ids] = LOWEST
+        for prefix, last in self._longer:
+            if 0 <= last < vocab and tokens.shape[1] >= prefix.size:
+                rows = (tokens[:, tokens.shape[1] - prefix.size :] == prefix).all(axis=1)
+                logits[rows, last] = LOWEST
+        return logits
+
+    def __repr__(self) -> str:
+        return f"BadWords({[list(s) for s in self.sequences]})"
+
+
 class ProcessorChain:
     """Processors applied in order, each on the previous one's output (in place)."""
 
@@ -364,6 +439,8 @@ PROCESSORS: dict[str, Callable[..., Processor]] = {
     "frequency_penalty": FrequencyPenalty,
     "logit_bias": LogitBias,
     "suppress_tokens": SuppressTokens,
+    "min_new_tokens": MinNewTokens,
+    "bad_words": BadWords,
 }
 
 
@@ -377,17 +454,19 @@ def build_processor(
     path: str = "",
     eos_token_ids: Sequence[int] = (),
     vocab_size: int | None = None,
+    registry: Mapping[str, Callable[..., Processor]] = PROCESSORS,
+    valid: Sequence[str] | None = None,
 ) -> Processor:
-    """Build one processor from a ``generation.logits`` entry.
+    """Build one processor from ``registry`` (default: the processors) for one chain entry.
 
-    Unknown kinds, unknown or missing parameters and bad values raise ``ConfigError`` with
-    problems located under ``path``.
+    Unknown kinds (the message lists ``valid``, default the registry's keys), unknown or missing
+    parameters and bad values raise ``ConfigError`` with problems located under ``path``.
     """
-    factory = PROCESSORS.get(spec.kind)
+    factory = registry.get(spec.kind)
     if factory is None:
-        expected = ", ".join(PROCESSORS)
-        message = f"unknown processor {spec.kind!r} (expected one of: {expected})"
-        raise ConfigError([ConfigProblem(_at(path, "kind"), message)])
+        expected = ", ".join(valid if valid is not None else registry)
+        message = f"unknown op {spec.kind!r} (expected one of: {expected})"
+        raise ConfigError([ConfigProblem(_at(path, "op"), message)])
     accepted = inspect.signature(factory).parameters
     unknown = sorted(set(spec.params) - set(accepted))
     if unknown:
@@ -423,12 +502,13 @@ def build_processor(
 
 def make_chain(
     generation: GenerationSpec, *, eos_token_ids: Sequence[int], vocab_size: int
-) -> Processor | None:
-    """The processors a generation applies, or None when none would change anything.
+) -> ProcessorChain | None:
+    """The reference's built-in processors, in its order, or None when none would change anything.
 
-    Order: the reference's built-ins (min_length, repetition_penalty, no_repeat_ngram, each only
-    when active) then ``generation.logits`` in declared order. Every bad parameter is reported
-    in one ``ConfigError``.
+    Order: min_length, repetition_penalty, no_repeat_ngram (each only when active), as
+    onnxruntime-genai applies them. ``generation.logits`` is not read here: when given it is the
+    whole chain (``decoding.chain.make_decoder``). Every bad value is reported in one
+    ``ConfigError`` at its generation field.
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral):
         raise ConfigError(
@@ -436,33 +516,26 @@ def make_chain(
         )
     if vocab_size <= 0:
         raise ConfigError([ConfigProblem("model.vocab_size", f"must be > 0, got {vocab_size}")])
-    # The reference's built-ins, each reported at its own generation field.
-    entries: list[tuple[ProcessorSpec, str, bool]] = []
+    entries: list[tuple[ProcessorSpec, str]] = []
     if generation.min_length != 0:
         spec = ProcessorSpec("min_length", {"min_length": generation.min_length})
-        entries.append((spec, "generation.min_length", True))
+        entries.append((spec, "generation.min_length"))
     if generation.repetition_penalty != 1.0:
         spec = ProcessorSpec("repetition_penalty", {"penalty": generation.repetition_penalty})
-        entries.append((spec, "generation.repetition_penalty", True))
+        entries.append((spec, "generation.repetition_penalty"))
     if generation.no_repeat_ngram_size != 0:
         spec = ProcessorSpec("no_repeat_ngram", {"ngram_size": generation.no_repeat_ngram_size})
-        entries.append((spec, "generation.no_repeat_ngram_size", True))
-    entries += [(s, f"generation.logits[{i}]", False) for i, s in enumerate(generation.logits)]
+        entries.append((spec, "generation.no_repeat_ngram_size"))
 
     chain: list[Processor] = []
     problems: list[ConfigProblem] = []
-    for spec, path, builtin in entries:
+    for spec, path in entries:
         try:
             processor = build_processor(
-                spec,
-                path="" if builtin else path,
-                eos_token_ids=eos_token_ids,
-                vocab_size=int(vocab_size),
+                spec, eos_token_ids=eos_token_ids, vocab_size=int(vocab_size)
             )
         except ConfigError as error:
-            problems += [
-                ConfigProblem(path if builtin else p.path, p.message) for p in error.problems
-            ]
+            problems += [ConfigProblem(path, p.message) for p in error.problems]
             continue
         if getattr(processor, "active", True):
             chain.append(processor)

@@ -254,7 +254,7 @@ def test_v2_free_form_places_accept_anything() -> None:
         "tree": {"medusa_choices": [[0], [0, 1]]},
     }
     doc["pipeline"]["controller"] = {"module": "ctl.py", "factory": "make", "params": {"k": 1}}
-    doc["generation"]["logits"] = [{"kind": "repetition_penalty", "penalty": 1.1}]
+    doc["generation"]["logits"] = [{"op": "repetition_penalty", "penalty": 1.1}]
     doc["tokens"]["video_token"] = 151656
     validate_document(doc, 2)
 
@@ -524,12 +524,12 @@ NEGATIVE = [
     ),
     ("gen-unknown", 2, ["generation", "beams"], 2, "generation.beams", ["unknown key 'beams'"]),
     (
-        "logits-kind",
+        "logits-op",
         2,
         ["generation", "logits"],
         [{"p": 1}],
         "generation.logits[0]",
-        ["missing required key 'kind'"],
+        ["missing required key 'op'"],
     ),
     ("stop", 2, ["generation", "stop"], ["a", 1], "generation.stop[1]", ["expected a string"]),
 ]
