@@ -18,6 +18,7 @@ import onnxruntime as ort
 from .config.spec import GenerationSpec
 from .decoding.processors import make_chain
 from .decoding.sampling import greedy, make_rng, sample
+from .decoding.speculative import make_driver
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .kv import plan_cache
 from .model import Model
@@ -116,12 +117,6 @@ class Generator:
                 f"beam search is not implemented (num_beams={search.num_beams}, "
                 f"num_return_sequences={search.num_return_sequences}); use num_beams=1"
             )
-        if spec.strategy.kind != "standard":
-            raise UnsupportedError(
-                f"pipeline.strategy.kind {spec.strategy.kind!r} is not implemented yet; "
-                'overlay {"pipeline": {"strategy": {"kind": "standard"}}} to decode one token '
-                "per step"
-            )
         if search.max_length <= 0:
             raise GenerationError("max_length is not set (generation.max_length / search)")
         vocab = model.vocab_size
@@ -161,10 +156,13 @@ class Generator:
         self._eos_seen = np.zeros(self.batch_size, bool)
         self._any_eos = False
         self._done = False
+        # Speculative decoding or a controller plugin: tokens come in rounds, handed out singly.
+        self._driver = make_driver(self, model)
 
     # -- the reference API -----------------------------------------------------------------
 
     def append_tokens(self, tokens: Any) -> None:
+        self._sync()
         new = self._as_batch(tokens)
         n = new.shape[1]
         if self._length + n > self.max_length:
@@ -191,6 +189,8 @@ class Generator:
             raise GenerationError(
                 f"sequence is already at max_length ({self.max_length}); nothing to generate"
             )
+        if self._driver is not None:
+            return self._driver.generate_next_token()
         if self._logits is None:
             self._logits = self._forward(self._pending)
             self._pending = None
@@ -236,6 +236,7 @@ class Generator:
 
     def get_logits(self) -> np.ndarray:
         """Logits for the next token, ``[B, 1, V]``; runs any pending token first."""
+        self._sync()
         if self._logits is None:
             if self._pending is None:
                 raise GenerationError("no logits: call append_tokens first")
@@ -244,6 +245,7 @@ class Generator:
         return self._logits.reshape(self.batch_size, 1, -1).copy()
 
     def set_logits(self, logits: Any) -> None:
+        self._sync()
         array = np.asarray(logits, dtype=np.float32)
         if array.size != self.batch_size * self.vocab_size:
             raise GenerationError(
@@ -254,6 +256,7 @@ class Generator:
 
     def rewind_to(self, length: int) -> None:
         """Keep the first ``length`` tokens; the next step recomputes logits after them."""
+        self._sync()
         if length < 0 or length > self._length:
             raise GenerationError(
                 f"cannot rewind to {length}: the sequence has {self._length} tokens"
@@ -291,6 +294,13 @@ class Generator:
             )
         self._exec.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(array)
 
+    def get_speculative_stats(self) -> dict[str, float]:
+        """Drafted and accepted token counts of speculative decoding (not in the reference)."""
+        stats = getattr(self._driver, "stats", None)
+        if stats is None:
+            raise GenerationError("this generator does not decode speculatively")
+        return stats()
+
     # -- conveniences ----------------------------------------------------------------------
 
     def __iter__(self) -> Generator:
@@ -307,6 +317,10 @@ class Generator:
         return self._exec.cache
 
     # -- internals -------------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        if self._driver is not None:  # drop tokens drafted but not handed out yet
+            self._driver.sync()
 
     def _as_batch(self, tokens: Any) -> np.ndarray:
         array = np.asarray(tokens)

@@ -14,7 +14,9 @@ import onnxruntime as ort
 from .config import load
 from .config.loader import deep_merge
 from .config.spec import PipelineSpec, ProviderSpec, frozen_map
+from .decoding.speculative import load_speculative
 from .errors import ConfigError, TrustError, UnsupportedError
+from .plugins import load_controller
 from .routing import Route, classify
 from .runtime.graph_io import SessionIO
 from .runtime.plan import Plan, build_plan
@@ -116,6 +118,10 @@ class Model:
             )
         if spec.plugin is not None:
             raise UnsupportedError("pipeline.plugin is not supported yet")
+        self.controller = load_controller(
+            spec.controller, trust=trust_remote_code, model_dir=self.model_dir,
+            root=getattr(config, "_root", None),
+        )  # fmt: skip
         names = dict.fromkeys(step.run for step in spec.flow)
         sessions, ios, errors = load_sessions(spec, names, trust=trust_remote_code)
         if errors:
@@ -123,6 +129,7 @@ class Model:
         self.sessions: dict[str, ort.InferenceSession] = sessions
         self.ios: dict[str, SessionIO] = ios
         self.plan: Plan = build_plan(spec, self.ios)
+        self.speculative = load_speculative(self, trust=trust_remote_code)
 
     @property
     def type(self) -> str:
