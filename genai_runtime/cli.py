@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate text for one prompt, streamed")
     p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow code the config asks for (pipeline.controller, custom ops libraries)",
+    )
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--system", metavar="TEXT", help="system message (implies --chat)")
@@ -121,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="interactive multi-turn chat over stdin")
     p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow code the config asks for (pipeline.controller, custom ops libraries)",
+    )
     p.add_argument("--system", metavar="TEXT", help="system message")
     p.add_argument(
         "--max-length",
@@ -136,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="measure prefill / decode speed and memory")
     p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow code the config asks for (pipeline.controller, custom ops libraries)",
+    )
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text")
     prompt.add_argument(
@@ -373,18 +388,18 @@ def timed_generate(
     return Timing(len(ids), count, prefill, first, decode)
 
 
-def _load(model_dir: str) -> tuple[Any, Any]:
+def _load(model_dir: str, trust: bool = False) -> tuple[Any, Any]:
     from .model import Model
     from .tokenizer import Tokenizer
 
-    model = Model(model_dir)
+    model = Model(model_dir, trust_remote_code=trust)
     return model, Tokenizer(model)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .generator import Generator, GeneratorParams
 
-    model, tokenizer = _load(args.model_dir)
+    model, tokenizer = _load(args.model_dir, args.trust_remote_code)
     if args.chat or args.system is not None:
         messages = [{"role": "user", "content": args.prompt}]
         if args.system is not None:
@@ -431,7 +446,7 @@ def _stats_line(t: Timing) -> str:
 def cmd_chat(args: argparse.Namespace) -> int:
     from .chat import ChatSession
 
-    model, tokenizer = _load(args.model_dir)
+    model, tokenizer = _load(args.model_dir, args.trust_remote_code)
     options = _search_options(args)
     if args.max_length is not None:
         options["max_length"] = args.max_length
@@ -484,7 +499,7 @@ def peak_rss_mib() -> float:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .generator import Generator, GeneratorParams
 
-    model, tokenizer = _load(args.model_dir)
+    model, tokenizer = _load(args.model_dir, args.trust_remote_code)
     ids = _bench_prompt(tokenizer, args)
     total = len(ids) + args.new_tokens
     timings: list[Timing] = []

@@ -54,6 +54,11 @@ if TYPE_CHECKING:
 
 MAX_SPECULATIVE_TOKENS = 16  # the schema's bound; a verify pass feeds K + 1 tokens
 ACCEPTANCE = ("greedy", "rejection_sampling")
+# Greedy decisions a batched verify pass makes with a top-2 logit margin below this are redone
+# by a one-token pass (kernels may round differently for one row and for several). Off by
+# default: fp32 kernels agree to ~1e-4, and int4 MatMulNBits' int8-activation kernels differ by
+# up to ~1 logit, which then also differs in the cached keys/values a redo cannot fix.
+DEFAULT_VERIFY_MARGIN = 0.0
 _WHERE = "pipeline.strategy"
 
 
@@ -128,7 +133,7 @@ class SpeculativeSpec:
     tree_note: str | None
 
 
-_COMMON_PARAMS = {"adaptive", "min_adaptive_k", "cooldown"}
+_COMMON_PARAMS = {"adaptive", "min_adaptive_k", "cooldown", "verify_margin"}
 _PRODUCER_PARAMS = {
     "draft_model": set(),
     "ngram": {"ngram_size", "min_ngram_size", "ngram_chained_lookup"},
@@ -531,6 +536,17 @@ def _tree_note(tree: Mapping[str, Any], plan: Plan, k: int) -> tuple[int, str]:
     return depth, note
 
 
+def tree_note(spec: PipelineSpec, plan: Plan) -> str | None:
+    """What ``explain`` says about a strategy's token tree, from the target's graphs alone."""
+    tree = spec.strategy.params.get("tree") if spec.strategy.kind == "speculative" else None
+    if not tree:
+        return None
+    try:
+        return _tree_note(tree, plan, spec.strategy.num_speculative_tokens)[1]
+    except ConfigError as exc:
+        return str(exc)
+
+
 # --- loading --------------------------------------------------------------------------------
 
 
@@ -799,6 +815,8 @@ class SpeculativeDriver(BufferedDriver):
             self.hidden_source = source
         self.proposed = 0
         self.accepted = 0
+        self.margin = float(s.params.get("verify_margin", DEFAULT_VERIFY_MARGIN))
+        self.guarded = 0  # near-ties re-decided by a one-token pass
         self.rounds = 0  # target passes
         self.drafted_rounds = 0  # passes that verified at least one draft
         self.emitted = 0
@@ -815,6 +833,7 @@ class SpeculativeDriver(BufferedDriver):
             ),
             "tokens_per_round": self.emitted / self.rounds if self.rounds else 0.0,
             "k": self.k.k,
+            "near_ties_rechecked": self.guarded,
         }
 
     def _process(self, prefix_end: int, row: np.ndarray) -> np.ndarray:
@@ -867,9 +886,20 @@ class SpeculativeDriver(BufferedDriver):
             n, token = accept(drafts, None, target, None)
         else:
             n, token = accept(drafts, proposal.probs, target, gen._rng)
+        hidden_row = pending.shape[0] + n - 1 if feed.size else -1
+        tie = self._near_tie(target, n, exact_first=head is not None) if feed.size > 1 else None
+        if tie is not None:
+            # A near-tie decided by a batched pass: batched kernels may round differently from
+            # the one-token pass plain decoding uses, so redo that decision one token at a time.
+            n = tie
+            self.exec.rewind_to(length + n - 1)
+            row = self.forward(gen._seq[0, length + n - 1 : length + n])[0]
+            token = int(np.argmax(self._process(length + n, row)))
+            self.guarded += 1
+            hidden_row = 0
         if self.hidden_source is not None:
             # The pass fed pending + drafts: the last kept token is row len(pending) + n - 1.
-            self._take_hidden(pending.shape[0] + n - 1 if feed.size else -1)
+            self._take_hidden(hidden_row)
         self.exec.rewind_to(length + n)
         self.proposer.observe(n)
         out = [int(t) for t in drafts[:n]] + [token]
@@ -884,6 +914,17 @@ class SpeculativeDriver(BufferedDriver):
         self.emitted += len(out)
         gen._logits = None
         return out
+
+    def _near_tie(self, target: np.ndarray, n: int, exact_first: bool) -> int | None:
+        """The first greedy decision (rows 0..n) whose top-2 logit margin is below
+        ``verify_margin``; row 0 is exact when it came from the generator's own pass."""
+        if self.sampling is not None or self.margin <= 0.0:
+            return None
+        for i in range(1 if exact_first else 0, n + 1):
+            top2 = np.partition(target[i], -2)[-2:]
+            if abs(float(top2[1] - top2[0])) < self.margin:
+                return i
+        return None
 
     def _cool(self, n: int) -> None:
         if not self.cooldown:
