@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate text for one prompt, streamed")
     p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow code the config asks for (pipeline.controller, custom ops libraries)",
+    )
     p.add_argument("-p", "--prompt", help="prompt text (required unless --audio)")
     p.add_argument(
         "--audio",
@@ -138,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="interactive multi-turn chat over stdin")
     p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow code the config asks for (pipeline.controller, custom ops libraries)",
+    )
     p.add_argument("--system", metavar="TEXT", help="system message")
     p.add_argument(
         "--max-length",
@@ -153,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="measure prefill / decode speed and memory")
     p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow code the config asks for (pipeline.controller, custom ops libraries)",
+    )
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text")
     prompt.add_argument(
@@ -444,19 +459,20 @@ def timed_generate(
     return Timing(len(ids), count, prefill, first, decode)
 
 
-def _load(model_dir: str) -> tuple[Any, Any]:
+def _load(model_dir: str, trust: bool = False) -> tuple[Any, Any]:
     from .importer.cache import resolve_model_dir
     from .model import Model
     from .tokenizer import Tokenizer
 
-    model = Model(resolve_model_dir(model_dir))  # a folder, or the name of a pulled model
+    # A folder, or the name of a pulled model.
+    model = Model(resolve_model_dir(model_dir), trust_remote_code=trust)
     return model, Tokenizer(model)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .generator import Generator, GeneratorParams
 
-    model, tokenizer = _load(args.model_dir)
+    model, tokenizer = _load(args.model_dir, args.trust_remote_code)
     if args.audio is not None and args.prompt is None:
         args.prompt = TRANSCRIBE_PROMPT
     if args.chat or args.system is not None:
@@ -525,7 +541,7 @@ def _stats_line(t: Timing) -> str:
 def cmd_chat(args: argparse.Namespace) -> int:
     from .chat import ChatSession
 
-    model, tokenizer = _load(args.model_dir)
+    model, tokenizer = _load(args.model_dir, args.trust_remote_code)
     options = _search_options(args)
     if args.max_length is not None:
         options["max_length"] = args.max_length
@@ -590,7 +606,7 @@ def peak_rss_mib() -> float:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .generator import Generator, GeneratorParams
 
-    model, tokenizer = _load(args.model_dir)
+    model, tokenizer = _load(args.model_dir, args.trust_remote_code)
     ids = _bench_prompt(tokenizer, args)
     total = len(ids) + args.new_tokens
     timings: list[Timing] = []

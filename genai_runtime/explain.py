@@ -28,7 +28,14 @@ _LAYOUT_SHAPES = {
 
 def explain_model(model: Any, *, source: str | None = None, version: int | None = None) -> dict:
     """The report for a loaded ``Model`` (config plus what its graphs declare)."""
-    return explain_spec(model.spec, plan=model.plan, source=source, version=version)
+    report = explain_spec(model.spec, plan=model.plan, source=source, version=version)
+    speculative = getattr(model, "speculative", None)
+    if speculative is not None:  # what the strategy resolved to against the graphs
+        report["speculative"] = speculative.describe()
+    controller = getattr(model, "controller", None)
+    if controller is not None:
+        report["controller"] = controller.name
+    return report
 
 
 def explain_spec(
@@ -63,6 +70,11 @@ def explain_spec(
         "graphs": None,
     }
     if plan is not None:
+        from .decoding.speculative import tree_note
+
+        note = tree_note(spec, plan)
+        if note:
+            report["speculative"] = [note]
         report["graphs"] = {
             "stages": [_stage(stage) for stage in plan.stages],
             "vocab_size": plan.vocab_size,
@@ -270,6 +282,9 @@ def format_report(report: Mapping[str, Any]) -> str:
         add("roles: " + ", ".join(f"{k} = {v}" for k, v in report["roles"].items()))
     if report.get("strategy"):
         add("strategy: " + _pairs(report["strategy"]))
+    lines += [f"  speculative: {line}" for line in report.get("speculative", ())]
+    if report.get("controller"):
+        add(f"controller: {report['controller']} drives the decode loop (trusted code)")
     add("tokens: " + _pairs(report["tokens"]))
     add("generation (differs from defaults): " + (_pairs(report["generation"]) or "(none)"))
     if report.get("chain"):

@@ -18,6 +18,7 @@ import numpy as np
 from .config.spec import GenerationSpec
 from .decoding.chain import make_decoder
 from .decoding.sampling import make_rng
+from .decoding.speculative import make_driver
 from .environment import LOG, log
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .kv import plan_cache
@@ -143,12 +144,6 @@ class Generator:
                 f"beam search is not implemented (num_beams={search.num_beams}, "
                 f"num_return_sequences={search.num_return_sequences}); use num_beams=1"
             )
-        if spec.strategy.kind != "standard":
-            raise UnsupportedError(
-                f"pipeline.strategy.kind {spec.strategy.kind!r} is not implemented yet; "
-                'overlay {"pipeline": {"strategy": {"kind": "standard"}}} to decode one token '
-                "per step"
-            )
         if search.max_length <= 0:
             raise GenerationError("max_length is not set (generation.max_length / search)")
         if all(stage.logits is None for stage in model.plan.stages):
@@ -207,10 +202,13 @@ class Generator:
         self._eos_seen = np.zeros(self.batch_size, bool)
         self._any_eos = False
         self._done = False
+        # Speculative decoding or a controller plugin: tokens come in rounds, handed out singly.
+        self._driver = make_driver(self, model)
 
     # -- the reference API -----------------------------------------------------------------
 
     def append_tokens(self, tokens: Any) -> None:
+        self._sync()
         new = self._as_batch(tokens)
         n = new.shape[1]
         if self._length + n > self.max_length:
@@ -245,6 +243,8 @@ class Generator:
         if self._logits is None and self._any_eos and self._eos_seen.all():
             self._next[:] = self.pad_token_id  # every row has ended: pad, as the reference does
             return
+        if self._driver is not None:
+            return self._driver.generate_next_token()
         if self._logits is None:
             self._logits = self._forward(self._pending)
             self._pending = None
@@ -298,6 +298,7 @@ class Generator:
 
     def get_logits(self) -> np.ndarray:
         """Logits for the next token, ``[B, 1, V]``; runs any pending token first."""
+        self._sync()
         if self._logits is None:
             if self._pending is None:
                 if self._any_eos and self._eos_seen.all():
@@ -311,6 +312,7 @@ class Generator:
         return self._logits.reshape(self.batch_size, 1, -1).copy()
 
     def set_logits(self, logits: Any) -> None:
+        self._sync()
         array = as_array(logits, "set_logits(logits)").astype(np.float32)
         if array.size != self.batch_size * self.vocab_size:
             raise GenerationError(
@@ -322,6 +324,7 @@ class Generator:
     def rewind_to(self, length: int) -> None:
         """Keep the first ``length`` tokens; the next step recomputes logits after them."""
         length = as_index(length, "rewind_to(length)")
+        self._sync()
         if length < 0 or length > self._length:
             raise GenerationError(
                 f"cannot rewind to {length}: the sequence has {self._length} tokens"
@@ -381,6 +384,13 @@ class Generator:
         if ids is not None:
             self.append_tokens(ids)
 
+    def get_speculative_stats(self) -> dict[str, float]:
+        """Drafted and accepted token counts of speculative decoding (not in the reference)."""
+        stats = getattr(self._driver, "stats", None)
+        if stats is None:
+            raise GenerationError("this generator does not decode speculatively")
+        return stats()
+
     # -- conveniences ----------------------------------------------------------------------
 
     def __iter__(self) -> Generator:
@@ -406,6 +416,10 @@ class Generator:
                 log("hit_eos", f"EOS seen on batch {int(row)}")
         if LOG.hit_max_length and self._length + 1 >= self.max_length:
             log("hit_max_length", f"sequence reached max_length {self.max_length}")
+
+    def _sync(self) -> None:
+        if self._driver is not None:  # drop tokens drafted but not handed out yet
+            self._driver.sync()
 
     def _as_batch(self, tokens: Any) -> np.ndarray:
         array = as_array(tokens, "append_tokens(tokens)")

@@ -52,8 +52,9 @@ class ConcatCache:
         elif length < self.length:
             axis = self.layout.seq_axis
             index = (slice(None),) * axis + (slice(0, length),)
+            # A copy, never a view: a leading slice is already contiguous, and a view would
+            # point into the dropped OrtValue's memory.
             self._past = [
-                ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v.numpy()[index]))
-                for v in self._past
+                ort.OrtValue.ortvalue_from_numpy(v.numpy()[index].copy()) for v in self._past
             ]
         self.length = min(self.length, length)

@@ -463,6 +463,18 @@ class Executor:
             rows = logits[np.arange(self.batch_size), self.positions.last_index]
         return rows if rows.dtype == np.float32 else rows.astype(np.float32)
 
+    def pass_logits(self) -> np.ndarray:
+        """Logits ``[B, n, V]`` at every position of the last pass (a view the next pass
+        overwrites); speculative verification scores all drafted tokens from one pass."""
+        stage = self._logits_stage
+        if stage.plan.logits.rank != 3:
+            raise ModelError(
+                f"{stage.plan.io.file}: logits {stage.plan.logits} hold the last position only"
+            )
+        if self.plan.vocab_size is None:
+            return stage.bound.output(stage.plan.logits.name).numpy()
+        return self._logits_out
+
     def output(self, name: str) -> np.ndarray:
         """An output of the last pass, by tensor name (for ``Generator.get_output``)."""
         for stage in self._last_run.values():

@@ -503,7 +503,7 @@ NEGATIVE = [
         ["pipeline", "strategy"],
         {"draft": {"producer": "oracle"}},
         "pipeline.strategy.draft.producer",
-        ["'draft_model', 'ngram', 'eagle'", "'oracle'"],
+        ["'draft_model', 'ngram', 'hidden_state', 'eagle'", "'oracle'"],
     ),
     ("max-stages", 2, ["pipeline", "max_stages"], 0, "pipeline.max_stages", [">= 1"]),
     (
