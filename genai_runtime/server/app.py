@@ -203,7 +203,7 @@ def _processor(eng: Engine, parsed: ParsedRequest):
     fmt = parsed.sampling.response_format
     if fmt is None:
         return None
-    return RESPONSE_FORMATS[fmt["type"]](eng.tokenizer, fmt)
+    return RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
 
 
 async def _respond(

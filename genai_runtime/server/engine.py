@@ -280,6 +280,8 @@ class Engine:
             self.stats.ttft_count += 1
         job.tokens.append(token)
         self.stats.completion_tokens += 1
+        commit = getattr(job.processor, "commit", None)  # a grammar: can it go on after this?
+        complete = commit is not None and bool(commit(np.array([token], np.int32))[0])
         if token in self.eos:
             self._flush(job, job.text, [])
             return self._done(job, "stop")
@@ -291,6 +293,9 @@ class Engine:
                 job.text = job.text[:at]
                 self._flush(job, job.text, [entry] if entry else [])
                 return self._done(job, "stop")
+        if complete:  # the grammar cannot be extended: the reply is whole
+            self._flush(job, job.text, [entry] if entry else [])
+            return self._done(job, "stop")
         if len(job.tokens) >= job.max_tokens:
             self._flush(job, job.text, [entry] if entry else [])
             return self._done(job, "length")

@@ -98,12 +98,19 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> APIE
     return APIError(400, message, param=param, code=code)
 
 
-# response_format type -> factory(tokenizer, format object) returning a logits processor
-# ``(tokens, logits) -> logits`` or None. Constrained decoding (json_schema / json_object) plugs
-# in here as one more entry once the logits-chain guidance lands.
+# response_format type -> factory(model, format object) returning a logits processor
+# ``(tokens, logits) -> logits`` (a grammar also has ``commit``), or None for plain text.
 RESPONSE_FORMATS: dict[str, Callable[[Any, Mapping[str, Any]], Any] | None] = {
     "text": None,
+    "json_schema": lambda model, fmt: _json_grammar(model, fmt),
+    "json_object": lambda model, fmt: _json_grammar(model, fmt),
 }
+
+
+def _json_grammar(model: Any, fmt: Mapping[str, Any]) -> Any:
+    from .formats import json_grammar  # llguidance loads only when a request asks for it
+
+    return json_grammar(model, fmt)
 
 
 @dataclass(frozen=True)
@@ -257,8 +264,8 @@ def _response_format(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
     kind = value["type"]
     if kind not in RESPONSE_FORMATS:
         raise bad(
-            f"response_format type {kind!r} is not supported by this server yet (constrained "
-            f"decoding is not available); supported: {', '.join(sorted(RESPONSE_FORMATS))}",
+            f"response_format type {kind!r} is not supported; supported: "
+            f"{', '.join(sorted(RESPONSE_FORMATS))}",
             "response_format",
             "unsupported_value",
         )
