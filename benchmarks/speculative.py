@@ -66,17 +66,21 @@ PARITY = [
 FP32_COMPUTE = {"model": {"decoder": {"session_options": {"mlas.qnbit.force_fp32": "1"}}}}
 
 
-def model(mode: str, k: int, fp32_compute: bool = False) -> og.Model:
+def model(mode: str, k: int, fp32_compute: bool = False, margin: float = 0.0) -> og.Model:
     config = og.Config(TARGET, root=SHARED)
     if fp32_compute:  # MatMulNBits computes in fp32 for one row and for several alike
         config.overlay(json.dumps(FP32_COMPUTE))
     if mode == "draft":
         config.overlay(json.dumps({
             "model": {"draft": {"filename": DRAFT}},
-            "speculative": {"max_draft_tokens": k},
+            "speculative": {"max_draft_tokens": k, "verify_margin": margin},
         }))  # fmt: skip
     elif mode == "ngram":
-        config.overlay(json.dumps({"speculative": {"ngram_size": 3, "max_draft_tokens": k}}))
+        config.overlay(
+            json.dumps(
+                {"speculative": {"ngram_size": 3, "max_draft_tokens": k, "verify_margin": margin}}
+            )
+        )
     return og.Model(config)
 
 
@@ -103,7 +107,10 @@ def decode(m: og.Model, ids: np.ndarray, new_tokens: int, rows: list | None = No
 
 
 def parity(args) -> int:
-    models = {mode: model(mode, args.k, args.fp32_compute) for mode in ("plain", "draft", "ngram")}
+    models = {
+        mode: model(mode, args.k, args.fp32_compute, args.verify_margin)
+        for mode in ("plain", "draft", "ngram")
+    }
     tokenizer = og.Tokenizer(models["plain"])
     worst = 0.0
     for i, text in enumerate(PARITY):
@@ -133,7 +140,7 @@ def parity(args) -> int:
 
 def speed(args) -> int:
     modes = ("plain", "ngram", "draft")
-    models = {mode: model(mode, args.k, args.fp32_compute) for mode in modes}
+    models = {mode: model(mode, args.k, args.fp32_compute, args.verify_margin) for mode in modes}
     tokenizer = og.Tokenizer(models["plain"])
     prompts = [prompt_ids(tokenizer, t) for t in GROUNDED]
     ratios: dict[str, list[float]] = {"ngram": [], "draft": []}
@@ -182,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         "--fp32-compute",
         action="store_true",
         help="session option mlas.qnbit.force_fp32=1 on the target (plain and speculative)",
+    )
+    parser.add_argument(
+        "--verify-margin",
+        type=float,
+        default=0.0,
+        help="re-decide batched greedy near-ties (top-2 margin below this) one token at a time",
     )
     args = parser.parse_args(argv)
     if args.new_tokens is None:

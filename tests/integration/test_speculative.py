@@ -313,7 +313,7 @@ def test_rejection_sampling_first_token_follows_the_target(tiny: Path, tmp_path:
     sm.context_decoder(folder / "model.onnx", emb * 0.3, head * 0.3)
     sm.context_decoder(folder / "draft.onnx", *sm.weights(3, noise=0.5))
     doc = spec_config(
-        {"draft": {"producer": "draft_model", "session": "d"}, "num_speculative_tokens": 1,
+        {"draft": {"producer": "draft_model", "session": "d"}, "num_speculative_tokens": 2,
          "acceptance": "rejection_sampling"},
         {"d": {"file": "draft.onnx"}},
     )  # fmt: skip
