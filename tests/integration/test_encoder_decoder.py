@@ -94,7 +94,7 @@ def _t5_folder(root: Path) -> Path:
                 {"from": "encoder.last_hidden_state", "to": "decoder.encoder_hidden_states"}
             ],
         },
-        "tokens": {"eos": [VOCAB + 1], "pad": 0},
+        "tokens": {"eos": [], "pad": 0},  # no EOS: runs to max_length
         "generation": {"max_length": 7},
     }
     return write_config(root, doc)

@@ -163,7 +163,7 @@ def _tri_modal(root: Path) -> Path:
                 {"from": "embedding.inputs_embeds", "to": "decoder.inputs_embeds"},
             ],
         },
-        "tokens": {"eos": [VOCAB + 1], "pad": 0},
+        "tokens": {"eos": [], "pad": 0},  # no EOS: runs to max_length
         "generation": {"max_length": 8},
     }  # fmt: skip
     return write_config(root, doc)

@@ -74,7 +74,7 @@ def probe(tmp_path: Path) -> og.Model:
         "model": {
             "type": "probe",
             "bos_token_id": 1,
-            "eos_token_id": 99,  # out of vocabulary: never ends early
+            "eos_token_id": VOCAB - 2,  # argmax is 0 or VOCAB - 1: never ends early
             "pad_token_id": PAD,
             "vocab_size": VOCAB,
             "context_length": 32,

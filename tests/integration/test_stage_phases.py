@@ -112,7 +112,7 @@ def _folder(root: Path, **overrides) -> Path:
     doc = {
         "version": 2,
         "pipeline": pipeline,
-        "tokens": {"eos": [VOCAB + 5], "pad": 0},
+        "tokens": {"eos": [], "pad": 0},  # no EOS: runs to max_length
         "generation": {"max_length": 9},
         "metadata": {"model_type": "never-seen-architecture"},
     }
