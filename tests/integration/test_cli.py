@@ -279,7 +279,9 @@ def test_migrate_output_validates(capsys, tmp_path, source):
     folder = copy / source.name if spec_dir else copy
     original_root = source.parent if spec_dir else None
 
-    code, _, err = run_main(capsys, "migrate", source, "-o", folder / "genai_config.json")
+    code, _, err = run_main(
+        capsys, "migrate", source, "-o", folder / "genai_config.json", "--force"
+    )
     assert code == 0, err
     doc = json.loads((folder / "genai_config.json").read_text())
     assert next(iter(doc)) == "$schema" and doc["$schema"] == V2_SCHEMA_NAME
