@@ -74,7 +74,7 @@ def probe(tmp_path: Path) -> og.Model:
         "model": {
             "type": "probe",
             "bos_token_id": 1,
-            "eos_token_id": 11,  # the tests stop by max_length; EOS is not what they check
+            "eos_token_id": PAD,  # in the vocabulary (now required), never generated
             "pad_token_id": PAD,
             "vocab_size": VOCAB,
             "context_length": 32,
