@@ -173,6 +173,9 @@ def speculative_spec(spec: PipelineSpec) -> SpeculativeSpec:
     min_k = params.get("min_adaptive_k", 1)
     if isinstance(min_k, bool) or not isinstance(min_k, int) or not 0 <= min_k <= k:
         raise _problem(f"{_WHERE}.draft.min_adaptive_k", f"expected 0..{k}, got {min_k!r}")
+    margin = params.get("verify_margin", DEFAULT_VERIFY_MARGIN)
+    if isinstance(margin, bool) or not isinstance(margin, int | float) or not margin >= 0:
+        raise _problem(f"{_WHERE}.draft.verify_margin", f"expected a number >= 0, got {margin!r}")
     adaptive = bool(params.get("adaptive", True)) and min_k > 0  # v1: 0 = not adaptive
     draft_session = s.draft_session or spec.roles.get("draft")
     if producer != "ngram":

@@ -438,6 +438,8 @@ def test_other_bad_strategies(tmp_path: Path) -> None:
         with_config(folder, spec_config({"draft": {"producer": "ngram", "ngram_sise": 3}}))
     with pytest.raises(ConfigError, match=r"draft\.session"):
         with_config(folder, spec_config({"draft": {"producer": "draft_model"}}))
+    with pytest.raises(ConfigError, match=r"draft\.verify_margin: expected a number >= 0"):
+        with_config(folder, spec_config({"draft": {"producer": "ngram", "verify_margin": "x"}}))
     # Verification needs every position's logits.
     doc = spec_config({"draft": {"producer": "ngram"}})
     doc["pipeline"]["sessions"]["decoder"]["file"] = "last.onnx"
