@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from onnxruntime import OrtValue
+
     from ..runtime.bound import BoundSession
 
 
@@ -62,6 +65,16 @@ class KVLayout:
         per_tensor = batch * self.num_kv_heads * self.head_size * self.dtype.itemsize
         names = sum(len(p) for p in self.past)
         return per_tensor * names * (2 if self.format == "combined" else 1)
+
+
+def bind_in_place(
+    stage: BoundSession, names: Iterable[tuple[str, str]], values: Sequence[OrtValue]
+) -> None:
+    """Bind each buffer as both its past input and its present output: the graph writes into it
+    in place, so nothing is copied per step."""
+    for (past, present), value in zip(names, values):
+        stage.bind_value(past, value)
+        stage.bind_output_value(present, value)
 
 
 class KVCache(Protocol):

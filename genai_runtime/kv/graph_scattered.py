@@ -14,7 +14,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..runtime.bound import BoundSession
-from .base import KVLayout
+from .base import KVLayout, bind_in_place
 
 if TYPE_CHECKING:
     from ..runtime.positions import PositionState
@@ -62,9 +62,7 @@ class GraphScatteredCache:
         self._positions.mark_pads(num_new, PAD_POSITION)
         if id(stage) in self._bound:
             return
-        for (past, present), value in zip(self._names, self._values):
-            stage.bind_value(past, value)
-            stage.bind_output_value(present, value)
+        bind_in_place(stage, self._names, self._values)
         self._bound.add(id(stage))
 
     def advance(self, stage: BoundSession, num_new: int) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..runtime.bound import BoundSession
-from .base import KVLayout
+from .base import KVLayout, bind_in_place
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -75,12 +75,8 @@ class ShareBufferCache:
         self.reserve(self.length + num_new)
         if stage.kv_epoch == self._epoch:
             return  # already bound to these buffers: nothing to do per token
-        i = 0
-        for past, present in zip(self.layout.past, self.layout.present):
-            for past_name, present_name in zip(past, present):
-                stage.bind_value(past_name, self._values[i])
-                stage.bind_output_value(present_name, self._values[i])
-                i += 1
+        names = [n for pair in zip(self.layout.past, self.layout.present) for n in zip(*pair)]
+        bind_in_place(stage, names, self._values)
         stage.kv_epoch = self._epoch
 
     def advance(self, stage: BoundSession, num_new: int) -> None:

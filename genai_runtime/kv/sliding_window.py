@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..runtime.bound import BoundSession
-from .base import KVLayout
+from .base import KVLayout, bind_in_place
 from .share_buffer import ShareBufferCache
 
 DEFAULT_SLACK = 16  # the reference's CPU default when cache_slack is 0
@@ -71,9 +71,7 @@ class SlidingWindowCache:
             self._full.bind(stage, num_new)
         if id(stage) in self._bound:
             return
-        for (past, present), value in zip(self._names, self._values):
-            stage.bind_value(past, value)
-            stage.bind_output_value(present, value)
+        bind_in_place(stage, self._names, self._values)
         self._bound.add(id(stage))
 
     def advance(self, stage: BoundSession, num_new: int) -> None:

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
 from ..runtime.bound import BoundSession
-from .base import KVLayout
+from .base import KVLayout, bind_in_place
 
 if TYPE_CHECKING:
     from ..runtime.positions import PositionState
@@ -94,9 +94,7 @@ class StaticScatterCache:
         if stage.kv_epoch == self._epoch:
             return  # same buffers and driver vectors, refilled in place
         names = [n for pair in zip(self.layout.past, self.layout.present) for n in zip(*pair)]
-        for (past_name, present_name), value in zip(names, self._values):
-            stage.bind_value(past_name, value)
-            stage.bind_output_value(present_name, value)
+        bind_in_place(stage, names, self._values)
         self._drivers.bind(stage)
         stage.kv_epoch = self._epoch
 
