@@ -13,6 +13,7 @@ from ..runtime.graph_io import SessionIO, TensorInfo
 from .base import KVCache, KVLayout
 from .concat import ConcatCache
 from .drivers import DriverFed
+from .fixed_shape import StaticFifoCache, StaticIndexCopyCache
 from .graph_scattered import GraphScatteredCache
 from .share_buffer import ShareBufferCache
 from .sliding_window import SlidingWindowCache
@@ -27,6 +28,8 @@ CACHE_KINDS: dict[str, type] = {
     "static-scatter": StaticScatterCache,
     "sliding-window": SlidingWindowCache,
     "graph-scattered": GraphScatteredCache,
+    "static-index-copy": StaticIndexCopyCache,
+    "static-fifo": StaticFifoCache,
 }
 # The layout each kind can hold (what "kind" may force on a graph).
 _KIND_FORMATS = {
@@ -35,6 +38,8 @@ _KIND_FORMATS = {
     "static-scatter": ("scatter",),
     "sliding-window": ("separate",),
     "graph-scattered": ("separate",),
+    "static-index-copy": ("separate",),
+    "static-fifo": ("separate",),
 }
 
 # (past key, past value, present key, present value); value None = combined [2, B, H, S, D].
@@ -133,12 +138,21 @@ def _layout(io, kv, session, past_k, past_v, present_k, present_v, layers) -> KV
         raise ModelError(f"{io.file}: KV input {info} has an unsupported rank {info.rank}")
     heads_axis, size_axis = {"combined": (2, 4), "separate": (1, 3), "scatter": (None, 2)}[fmt]
     capacity = info.static_dim(1) if fmt == "scatter" else None
-    if fmt == "separate":  # a fixed context the graph scatters into and returns whole
+    new_rows = None
+    if fmt == "separate" and info.static_dim(2):
+        # A fixed context: returned whole (the graph scatters into it), or only the new rows
+        # of a fixed chunk (the runtime writes them: fixed-shape caches).
         out_info = io.outputs[present[0][0]]
-        fixed = info.static_dim(2)
-        capacity = (
-            fixed if fixed and out_info.rank == 4 and out_info.static_dim(2) == fixed else None
-        )
+        fixed, out_rows = info.static_dim(2), out_info.static_dim(2)
+        if out_info.rank == 4 and out_rows == fixed:
+            capacity = fixed
+        elif out_info.rank == 4 and out_rows:
+            capacity, new_rows = fixed, out_rows
+        elif out_info.rank == 4:
+            raise ModelError(
+                f"{io.file}: KV input {info} fixes the context at {fixed} but output "
+                f"{out_info} does not fix its rows: neither the whole cache nor a fixed chunk"
+            )
     hidden_sizes: tuple[int, ...] = ()
     if fmt == "scatter":
         hidden_sizes = _scatter_hidden(io, kv, past)
@@ -170,7 +184,14 @@ def _layout(io, kv, session, past_k, past_v, present_k, present_v, layers) -> KV
         window=window.window_size if window else None,
         window_layers=window.layers if window else (),
         window_slack=window.cache_slack if window else 0,
+        new_rows=new_rows,
+        cache_position=_cache_position(io, session),
     )
+
+
+def _cache_position(io: SessionIO, session: SessionSpec) -> str | None:
+    name = session.inputs.get("cache_position") or "cache_position"
+    return name if name in io.inputs else None
 
 
 # Per-row int64 [batch] inputs a cache feeds itself, by role (their default tensor names).
@@ -247,6 +268,19 @@ def plan_cache(layout: KVLayout, kv: KVCacheSpec, share_buffer: bool) -> KVPlan:
                                f"{kv.kind} needs {' or '.join(formats)} caches; "
                                f"{layout.file} declares the {layout.format} layout")]
             )  # fmt: skip
+        fixed_kinds = ("static-index-copy", "static-fifo")
+        if (kv.kind in fixed_kinds) != bool(layout.new_rows):
+            what = (
+                f"a past fixed at {layout.static_capacity} positions with {layout.new_rows} new "
+                "rows out"
+                if layout.new_rows
+                else "a past without a fixed context plus fixed new rows"
+            )
+            raise ConfigError(
+                [ConfigProblem("pipeline.state.kv_cache.kind",
+                               f"{kv.kind} does not fit {layout.file}, which declares {what} "
+                               f"(fixed-shape kinds: {', '.join(fixed_kinds)})")]
+            )  # fmt: skip
         if kv.kind == "sliding-window" and not layout.window:
             raise ConfigError(
                 [ConfigProblem("pipeline.state.kv_cache.sliding_window",
@@ -280,6 +314,22 @@ def _auto_plan(layout: KVLayout, share_buffer: bool) -> KVPlan:
             layout,
             f"3-D [B, {layout.static_capacity}, kv_hidden] caches with write_indices / "
             "nonpad_kv_seqlen: the graph scatters into them in place",
+        )
+    if layout.new_rows and layout.cache_position:
+        return KVPlan(
+            "static-index-copy",
+            layout,
+            f"past fixed at {layout.static_capacity} positions, {layout.new_rows} new rows out, "
+            f"and a {layout.cache_position!r} input: the runtime writes each row at its slot "
+            "(left-aligned mask, right-padded chunks)",
+        )
+    if layout.new_rows:
+        return KVPlan(
+            "static-fifo",
+            layout,
+            f"past fixed at {layout.static_capacity} positions, {layout.new_rows} new rows out, "
+            "no cache_position input: the runtime slides the rows in FIFO order (right-aligned "
+            "mask, left-padded chunks)",
         )
     if layout.format == "separate" and layout.static_capacity:
         return KVPlan(

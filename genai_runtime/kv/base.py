@@ -39,6 +39,9 @@ class KVLayout:
     window: int | None = None  # sliding-window size the graph's local layers attend over
     window_layers: tuple[int, ...] = ()  # the windowed layers; empty: all of them
     window_slack: int = 0  # rows a windowed cache keeps beyond the window (0: default)
+    # fixed-shape graphs: past fixed at static_capacity, present holds only this many new rows
+    new_rows: int | None = None
+    cache_position: str | None = None  # the graph's cache_position input, if it takes one
 
     @property
     def num_layers(self) -> int:

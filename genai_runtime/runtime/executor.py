@@ -137,6 +137,9 @@ class Executor:
         self._logits_views: dict[str, np.ndarray] = {}
         self._last_run: dict[str, _Stage] = {}
         self._logits_stage = next(s for s in self.stages if s.plan.logits is not None)
+        self._fixed = self.cache if getattr(self.cache, "chunk", None) else None
+        if self._fixed is not None:
+            self._check_fixed_plan()
 
     @property
     def length(self) -> int:
@@ -153,6 +156,8 @@ class Executor:
                 f"{n} new tokens + {self.length} already processed exceed max_length "
                 f"{self.max_length}"
             )
+        if self._fixed is not None:
+            return self._forward_fixed(tokens)
         prompt_pass = self.length == 0 or n > 1
         start = self.length
         self.positions.update(tokens)
@@ -202,6 +207,105 @@ class Executor:
                 self.cache.rewind_to(step_length)
             raise
         return self._read_logits(n)
+
+    # -- fixed-shape graphs ----------------------------------------------------------------
+
+    def _check_fixed_plan(self) -> None:
+        """A fixed-shape cache drives one decoder stage with chunks it lays out itself."""
+        steps = [s for s in self.stages if s.step.when == "step"]
+        stage = self._logits_stage
+        if len(self.stages) != 1 or steps != [stage] or not stage.has_kv:
+            raise ModelError(
+                f"{stage.plan.io.file}: a {self.cache.kind} cache runs a single decoder stage "
+                f"that holds the KV cache and the logits; this pipeline has "
+                f"{len(self.stages)} stages"
+            )
+        allowed = {"input_ids", "attention_mask", "position_ids", "cache_position"}
+        for feed in stage.role_feeds:
+            if feed.role not in allowed:
+                raise ModelError(
+                    f"{stage.plan.io.file}: input {feed.name!r} ({feed.role}) is not fed to a "
+                    f"fixed-shape graph (a {self.cache.kind} cache feeds "
+                    f"{', '.join(sorted(allowed))})"
+                )
+        logits = stage.plan.logits
+        if logits.rank != 3 or logits.static_dim(1) not in (None, self._fixed.chunk):
+            raise ModelError(
+                f"{stage.plan.io.file}: logits {logits} must be [batch, {self._fixed.chunk}, "
+                "vocab] for a fixed-shape graph"
+            )
+
+    def _forward_fixed(self, tokens: np.ndarray) -> np.ndarray:
+        """One pass over ``tokens`` [B, n] as fixed chunks: each row's real tokens are packed
+        ``chunk`` at a time (padded where the cache kind wants padding) and written to the
+        cache after each chunk; returns logits [B, V] at each row's last real token."""
+        cache, stage = self._fixed, self._logits_stage
+        n, start = tokens.shape[1], self.length
+        self.positions.update(tokens)
+        try:
+            real = self.positions.real_columns(start, n)
+            rows = [tokens[b, real[b]] for b in range(self.batch_size)]
+            counts = real.sum(axis=1)
+            cache.check_room(counts)
+            vocab = self.plan.vocab_size
+            out = np.zeros((self.batch_size, vocab or 0), np.float32)
+            c = cache.chunk
+            for first in range(0, max(int(counts.max()), 1), c):
+                cache.fill([row[first : first + c] for row in rows])
+                self._feed_fixed(stage)
+                stage.bound.run()
+                cache.commit()
+                logits = self._fixed_logits(stage)
+                if out.shape[1] != logits.shape[2]:
+                    out = np.zeros((self.batch_size, logits.shape[2]), np.float32)
+                for b in range(self.batch_size):
+                    if cache.rows[b] and first + cache.rows[b] == counts[b]:  # its last token
+                        out[b] = logits[b, cache.last_column(b)]
+            cache.advance(stage.bound, n)
+        except Exception:
+            self.positions.rewind_to(start)
+            cache.rewind_to(start)
+            raise
+        self._last_run[stage.plan.name] = stage
+        self._last_tokens = tokens
+        self._fixed_out = out
+        return out
+
+    def _feed_fixed(self, stage: _Stage) -> None:
+        cache = self._fixed
+        arrays = {
+            "input_ids": cache.ids,
+            "attention_mask": cache.mask,
+            "position_ids": cache.position_ids,
+            "cache_position": cache.cache_position,
+        }
+        for feed in stage.role_feeds:
+            array = arrays[feed.role]
+            if array.dtype != feed.info.dtype:
+                array = self._cast_buffer(feed.name, array, feed.info.dtype)
+            self._bind(stage, feed.name, array)
+        for feed in stage.user_feeds:
+            if feed.name not in self.user_inputs:
+                raise GenerationError(
+                    f"{stage.plan.io.file} needs input {feed.name!r} ({feed.info}), which no "
+                    "role or cache provides: set it with set_inputs() / set_model_input()"
+                )
+            stage.bound.bind_value(feed.name, self.user_inputs[feed.name])
+        cache.bind(stage.bound, cache.chunk)
+        self._bind_logits(stage, cache.chunk)
+        stage.bind_alloc_outputs()
+
+    def _cast_buffer(self, name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        out = self._ids.get((name, dtype))
+        if out is None:  # one per input: the same buffer is rebound by pointer every chunk
+            out = self._ids[(name, dtype)] = np.zeros(array.shape, dtype)
+        out[...] = array
+        return out
+
+    def _fixed_logits(self, stage: _Stage) -> np.ndarray:
+        if self.plan.vocab_size is None:
+            return stage.bound.output(stage.plan.logits.name).numpy()
+        return self._logits_out
 
     def rewind_to(self, length: int) -> None:
         """Forget tokens past ``length``; init outputs (cross cache, image features) stay."""
@@ -342,7 +446,7 @@ class Executor:
                 self._bind(stage, feed.name, self._cast_mask(feed, self._source_mask))
             elif role == "attention_mask":
                 self._bind(stage, feed.name, self._step_positions.mask())
-            elif role == "position_ids":
+            elif role in ("position_ids", "cache_position"):
                 self._bind(stage, feed.name, self._step_positions.positions(n))
             elif role in RECURRENT_ROLES:
                 state = self._recurrent.get(feed.name)

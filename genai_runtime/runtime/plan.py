@@ -18,6 +18,8 @@ INPUT_ROLES = {
     "inputs_embeds": "inputs_embeds",
     "attention_mask": "attention_mask",
     "position_ids": "position_ids",
+    # The slot each new token's K/V takes (fixed-shape caches; elsewhere its position).
+    "cache_position": "cache_position",
     "past_sequence_length": "past_sequence_length",
     "current_sequence_length": "current_sequence_length",
     "total_sequence_length": "total_sequence_length",

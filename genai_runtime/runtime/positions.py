@@ -80,6 +80,14 @@ class PositionState:
         else:
             np.subtract(self._next, n, out=out)
 
+    def valid_counts(self, length: int) -> np.ndarray:
+        """Each row's real (unmasked) tokens among the first ``length`` columns, int64 [B]."""
+        return self._mask[:, :length].sum(axis=1, dtype=np.int64)
+
+    def real_columns(self, start: int, n: int) -> np.ndarray:
+        """bool [B, n]: which columns of the pass recorded at ``start`` hold real tokens."""
+        return self._mask[:, start : start + n] != 0
+
     def mark_pads(self, n: int, value: int) -> None:
         """On a padded prompt pass, set the pad columns of the position_ids just handed out
         (by ``positions(n)``) to ``value``: graphs that scatter at positions skip -1."""

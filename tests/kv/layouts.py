@@ -8,6 +8,11 @@ Every layout computes exactly this math; only how the cache enters and leaves th
 - ``share-buffer``: com.microsoft GroupQueryAttention, past and present one buffer.
 - ``static-scatter``: ``key_cache.%d`` [B, CAPACITY, Hkv*D], TensorScatter at ``write_indices``,
   Attention-24 reading ``nonpad_kv_seqlen`` valid rows.
+- ``graph-scattered``: [B, Hkv, CAPACITY, D] in and out, ScatterElements at ``position_ids``.
+- fixed-shape (``static-index-copy``, ``static-fifo``): every shape fixed, ``CHUNK`` tokens per
+  pass; past [B, Hkv, ctx, D] in, only the chunk's K/V out; attention over past + chunk under an
+  ``attention_mask`` [B, ctx + CHUNK] (left-aligned past slots for index-copy, right-aligned for
+  FIFO) and causality inside the chunk. Index-copy reads positions from ``cache_position``.
 
 A ``window`` makes the listed layers attend only to the last ``window`` positions (sliding window;
 GroupQueryAttention's ``local_window_size``, an explicit band mask elsewhere).
@@ -30,7 +35,16 @@ LAYERS = 2
 MAX_POS = 64
 CAPACITY = 24  # the static-scatter graph's max_seq_len
 PAD, EOS = 0, VOCAB - 1
-LAYOUTS = ("concat", "share-buffer", "static-scatter", "graph-scattered")
+CHUNK = 4  # the fixed-shape graphs' fixed number of new tokens per pass
+LAYOUTS = (
+    "concat",
+    "share-buffer",
+    "static-scatter",
+    "graph-scattered",
+    "static-index-copy",
+    "static-fifo",
+)
+FIXED_SHAPE = ("static-index-copy", "static-fifo")
 
 
 def weights(seed: int = 0) -> dict[str, np.ndarray]:
@@ -115,9 +129,9 @@ class _Graph:
         return name
 
 
-def _embed(g: _Graph, w: dict[str, np.ndarray]) -> str:
+def _embed(g: _Graph, w: dict[str, np.ndarray], positions: str = "position_ids") -> str:
     tok = g.op("Gather", g.weight("emb", w["emb"]), "input_ids")
-    pos = g.op("Gather", g.weight("pos", w["pos"]), "position_ids")
+    pos = g.op("Gather", g.weight("pos", w["pos"]), positions)
     return g.op("Add", tok, pos)
 
 
@@ -200,9 +214,12 @@ def build(
     window_layers: Sequence[int] = (),
     static_batch: int | str = "batch",
     blocks: int = 1,
+    ctx: int = CAPACITY,
 ) -> Path:
     """Write the decoder in ``layout`` to ``path`` and return it (``blocks``: graph-scattered
     attention reads the cache in that many blocks, merged with an online softmax)."""
+    if layout in FIXED_SHAPE:
+        return _build_fixed_shape(layout, path, w, ctx, window, window_layers)
     g = _Graph()
     ints = TensorProto.INT64
     fp = TensorProto.FLOAT
@@ -313,6 +330,10 @@ def build(
                 is_causal=0 if win else 1,
             )  # fmt: skip
         x = g.op("Add", x, g.op("MatMul", o, g.weight(f"wo{i}", w[f"wo{i}"])))
+    return _save(g, layout, x, w, inputs, outputs, path)
+
+
+def _save(g: _Graph, layout: str, x: str, w, inputs: list, outputs: list, path: Path) -> Path:
     logits = g.op("MatMul", x, g.weight("lm", w["lm"]))
     g.named("Add", [logits, g.weight("lm_bias", w["lm_bias"])], "logits")
     graph = helper.make_graph(g.nodes, f"tiny_{layout}", inputs, outputs, initializer=g.inits)
@@ -322,6 +343,43 @@ def build(
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
     return path
+
+
+def _build_fixed_shape(layout, path, w, ctx, window, window_layers) -> Path:
+    """Every shape fixed: CHUNK new tokens, a ctx-row past in, the chunk's K/V out."""
+    g = _Graph()
+    ints, fp = TensorProto.INT64, TensorProto.FLOAT
+    positions = "cache_position" if layout == "static-index-copy" else "position_ids"
+    inputs = [
+        helper.make_tensor_value_info("input_ids", ints, ["batch", CHUNK]),
+        helper.make_tensor_value_info(positions, ints, ["batch", CHUNK]),
+        helper.make_tensor_value_info("attention_mask", ints, ["batch", ctx + CHUNK]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", fp, ["batch", CHUNK, VOCAB])]
+    x = _embed(g, w, positions)
+    mask = g.op("Cast", "attention_mask", to=TensorProto.BOOL)
+    mask = g.op("Unsqueeze", mask, g.const([1, 2, 3]))  # [B, 1, 1, 1, ctx + CHUNK]
+    s, t = np.arange(CHUNK)[:, None], np.arange(ctx + CHUNK)[None, :]
+    causal = g.const((t < ctx) | (t - ctx <= s), np.bool_)  # past slots, or not after the query
+    allowed = g.op("And", mask, causal)
+    for i in range(LAYERS):
+        if _windowed(i, window, window_layers):
+            raise ValueError("the fixed-shape fixtures have no windowed layers")
+        q = g.op("MatMul", x, g.weight(f"wq{i}", w[f"wq{i}"]))
+        k = g.op("MatMul", x, g.weight(f"wk{i}", w[f"wk{i}"]))
+        v = g.op("MatMul", x, g.weight(f"wv{i}", w[f"wv{i}"]))
+        both = []
+        for kind, new in (("key", k), ("value", v)):
+            past, present = f"past_key_values.{i}.{kind}", f"present.{i}.{kind}"
+            inputs.append(helper.make_tensor_value_info(past, fp, ["batch", KV_HEADS, ctx, HEAD]))
+            outputs.append(
+                helper.make_tensor_value_info(present, fp, ["batch", KV_HEADS, CHUNK, HEAD])
+            )
+            g.named("Identity", [_heads(g, new, KV_HEADS)], present)
+            both.append(g.op("Concat", past, present, axis=2))
+        o = _masked_attention(g, _heads(g, q, HEADS), both[0], both[1], allowed)
+        x = g.op("Add", x, g.op("MatMul", o, g.weight(f"wo{i}", w[f"wo{i}"])))
+    return _save(g, layout, x, w, inputs, outputs, path)
 
 
 def config(
@@ -351,6 +409,9 @@ def config(
             present_key_names="updated_key_cache.%d", present_value_names="updated_value_cache.%d"
         )
     else:
+        if layout == "static-index-copy":
+            del inputs["position_ids"]
+            inputs["cache_position"] = "cache_position"
         inputs.update(
             attention_mask="attention_mask",
             past_key_names="past_key_values.%d.key",
@@ -402,10 +463,21 @@ def folder(
     window_layers: Sequence[int] = (),
     cache_slack: int = 0,
     blocks: int = 1,
+    ctx: int = CAPACITY,
 ) -> Path:
     """A model folder (model.onnx + genai_config.json) for ``layout``."""
     out = root / (layout if blocks == 1 else f"{layout}-{blocks}")
-    build(layout, out / "model.onnx", w, window=window, window_layers=window_layers, blocks=blocks)
+    if ctx != CAPACITY:
+        out = out.with_name(f"{out.name}-ctx{ctx}")
+    build(
+        layout,
+        out / "model.onnx",
+        w,
+        window=window,
+        window_layers=window_layers,
+        blocks=blocks,
+        ctx=ctx,
+    )
     doc = config(layout, window=window, window_layers=window_layers, cache_slack=cache_slack)
 
     (out / "genai_config.json").write_text(json.dumps(doc, indent=2), encoding="utf-8")

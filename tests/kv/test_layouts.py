@@ -130,7 +130,7 @@ def test_static_scatter_capacity_is_a_clear_error_and_the_generator_survives(tmp
     _step_and_check(generator, PROMPTS[:1], w, 5)
 
 
-@pytest.mark.parametrize("layout", L.LAYOUTS)
+@pytest.mark.parametrize("layout", [x for x in L.LAYOUTS if x not in L.FIXED_SHAPE])
 @pytest.mark.parametrize(("window", "layers"), [(4, [0]), (3, [])])
 def test_sliding_window_past_the_window_equals_windowed_attention(
     tmp_path, w, layout, window, layers
@@ -340,3 +340,97 @@ def test_graph_scattered_past_the_context_is_a_clear_error(tmp_path, w) -> None:
         generator.get_logits()
     generator.rewind_to(8)
     _step_and_check(generator, PROMPTS[:1], w, 4)
+
+
+# -- fixed-shape caches ------------------------------------------------------------------------
+
+
+def test_fixed_shape_prompt_runs_in_fixed_chunks_with_aligned_masks(tmp_path, w) -> None:
+    """A 5-token prompt is two 4-token chunks; masks are left- (index-copy) or right-aligned
+    (FIFO) over the past, with the chunk's own padding right or left."""
+    for layout, padded_left in (("static-index-copy", False), ("static-fifo", True)):
+        generator = _generator(og.Model(L.folder(tmp_path, layout, w, ctx=8)), max_length=8)
+        assert generator.kv_plan.kind == layout
+        generator.append_tokens(PROMPTS[0])  # 5 tokens: a full chunk, then 1 + 3 pads
+        cache = generator.kv_cache
+        assert cache.valid.tolist() == [5] and cache.rows.tolist() == [1]
+        new = [1, 0, 0, 0] if not padded_left else [0, 0, 0, 1]
+        past = [1, 1, 1, 1, 0, 0, 0, 0] if not padded_left else [0, 0, 0, 0, 1, 1, 1, 1]
+        assert cache.mask[0].tolist() == past + new
+        assert cache.ids[0].tolist() == ([12, 0, 0, 0] if not padded_left else [0, 0, 0, 12])
+        if layout == "static-index-copy":
+            assert cache.cache_position[0].tolist() == [4, 5, 6, 7]
+        else:
+            assert cache.position_ids[0].tolist() == [0, 0, 0, 4]
+        _step_and_check(generator, PROMPTS[:1], w, 2)
+
+
+def test_static_fifo_past_its_context_equals_sliding_attention(tmp_path, w) -> None:
+    """Past the fixed context the FIFO drops the oldest rows: each decoded token sees the last
+    ctx positions and itself, a window of ctx + 1."""
+    ctx = 8
+    model = og.Model(L.folder(tmp_path, "static-fifo", w, ctx=ctx))
+    for batch in (1, 3):
+        prompts = PROMPTS[:batch]
+        generator = _generator(model, max_length=24, batch_size=batch)
+        generator.append_tokens(_padded(prompts))
+        _step_and_check(generator, prompts, w, 14, window=ctx + 1)
+        assert generator.kv_cache.evicted
+
+
+def test_static_fifo_rewinds_until_rows_are_dropped(tmp_path, w) -> None:
+    ctx = 8
+    generator = _generator(og.Model(L.folder(tmp_path, "static-fifo", w, ctx=ctx)), max_length=24)
+    short = [PROMPTS[0][:3]]
+    generator.append_tokens(short[0])
+    _step_and_check(generator, short, w, 4)  # 6 rows held of 8
+    generator.rewind_to(4)
+    assert generator.kv_cache.valid.tolist() == [3]  # the last kept token runs again next
+    _step_and_check(generator, short, w, 8, window=ctx + 1)
+    assert generator.kv_cache.evicted
+    sequence = generator.get_sequence(0).tolist()
+    with pytest.raises(GenerationError, match="dropped older ones"):
+        generator.rewind_to(6)
+    assert generator.get_sequence(0).tolist() == sequence  # refused: nothing changed
+    _step_and_check(generator, short, w, 2, window=ctx + 1)  # and generation carries on
+    generator.rewind_to(0)
+    generator.append_tokens(PROMPTS[2])
+    _step_and_check(generator, PROMPTS[2:], w, 4)
+
+
+def test_static_index_copy_past_its_context_is_a_clear_error(tmp_path, w) -> None:
+    ctx = 8
+    model = og.Model(L.folder(tmp_path, "static-index-copy", w, ctx=ctx))
+    generator = _generator(model, max_length=16, batch_size=3)
+    generator.append_tokens(_padded(PROMPTS))
+    _step_and_check(generator, PROMPTS, w, 3)  # row 0 now holds 8 rows: the context is full
+    generator.generate_next_token()
+    with pytest.raises(GenerationError, match=r"after 8 \(row 0\) exceed .* fixed context of 8"):
+        generator.get_logits()
+    assert generator.kv_cache.valid.tolist() == [8, 5, 7]  # nothing was written
+    generator.rewind_to(6)
+    _step_and_check(generator, PROMPTS, w, 2)
+
+
+def test_fixed_shape_kinds_must_fit_the_graph(tmp_path, w) -> None:
+    folder = tmp_path / "forced"
+    L.build("static-fifo", folder / "model.onnx", w)
+    doc = L.config("static-fifo")
+    doc["model"]["decoder"]["inputs"].pop("attention_mask")
+    for kind, graph, ok in (
+        ("static-index-copy", "static-fifo", True),  # alignment is the config's call
+        ("concat", "static-fifo", False),
+        ("static-fifo", "concat", False),
+    ):
+        L.build(graph, folder / "model.onnx", w)
+        v2 = _v2_static(kind, "past_key_values.%%d.%s", "present.%%d.%s")
+        kv = v2["pipeline"]["state"]["kv_cache"]
+        del kv["write_indices"], kv["nonpad_kv_seqlen"]
+        v2["pipeline"]["sessions"]["decoder"]["inputs"]["attention_mask"] = "attention_mask"
+        (folder / "genai_config.json").write_text(json.dumps(v2))
+        model = og.Model(folder)
+        if ok:
+            assert _generator(model).kv_plan.kind == kind
+        else:
+            with pytest.raises(ConfigError, match=r"kv_cache\.kind"):
+                _generator(model)

@@ -63,3 +63,14 @@ def test_bench_reports_cache_bytes(capsys, tmp_path, share, kind) -> None:
     assert kv["nbytes"] == expected
     if share:
         assert kv["capacity"] >= kv["length"]
+
+
+@pytest.mark.parametrize(
+    ("layout", "why"),
+    [("static-index-copy", "'cache_position' input"), ("static-fifo", "FIFO order")],
+)
+def test_explain_fixed_shape_kinds(capsys, tmp_path, layout, why) -> None:
+    folder = L.folder(tmp_path, layout, L.weights(), ctx=8)
+    kv = _explain(capsys, folder)["graphs"]["kv_cache"]
+    assert kv["kind"] == layout
+    assert "past fixed at 8 positions, 4 new rows out" in kv["reason"] and why in kv["reason"]
