@@ -5,11 +5,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config.spec import KVCacheSpec, SessionSpec
 from ..errors import ConfigError, ConfigProblem, ModelError
 from ..runtime.graph_io import SessionIO, TensorInfo
+from ..runtime.onnx_scan import int_attributes
 from .base import KVCache, KVLayout
 from .concat import ConcatCache
 from .drivers import DriverFed
@@ -168,6 +170,9 @@ def _layout(io, kv, session, past_k, past_v, present_k, present_v, layers) -> KV
             f"give it; set pipeline.state.kv_cache.{missing}"
         )
     window = kv.sliding_window
+    win, win_layers = (window.window_size, window.layers) if window else (None, ())
+    if window is None and fmt == "separate":
+        win, win_layers = _graph_window(io, past)
     return KVLayout(
         format=fmt,
         past=tuple(past),
@@ -181,12 +186,28 @@ def _layout(io, kv, session, past_k, past_v, present_k, present_v, layers) -> KV
         static_batch=info.static_dim(1 if combined else 0),
         hidden_sizes=hidden_sizes,
         drivers=_drivers(io, kv, session),
-        window=window.window_size if window else None,
-        window_layers=window.layers if window else (),
+        window=win,
+        window_layers=win_layers,
         window_slack=window.cache_slack if window else 0,
         new_rows=new_rows,
         cache_position=_cache_position(io, session),
     )
+
+
+def _graph_window(io: SessionIO, past: list) -> tuple[int | None, tuple[int, ...]]:
+    """The sliding window the graph's GroupQueryAttention nodes state (``local_window_size``)
+    when the config gives none: the window, and the layers using it (empty: all of them)."""
+    if io.path is None:
+        return None, ()
+    layer_of = {names[0]: i for i, names in enumerate(past)}
+    windows = {}
+    for inputs, size in int_attributes(Path(io.path), "GroupQueryAttention", "local_window_size"):
+        if size > 0 and len(inputs) > 3 and inputs[3] in layer_of:  # input 3: past_key
+            windows[layer_of[inputs[3]]] = size
+    if not windows:
+        return None, ()
+    layers = tuple(sorted(windows))
+    return max(windows.values()), (() if len(layers) == len(past) else layers)
 
 
 def _cache_position(io: SessionIO, session: SessionSpec) -> str | None:

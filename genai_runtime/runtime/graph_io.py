@@ -52,10 +52,11 @@ class SessionIO:
     file: str
     inputs: Mapping[str, TensorInfo]
     outputs: Mapping[str, TensorInfo]
+    path: str | None = None  # the .onnx file, for facts only its nodes state
 
     @classmethod
-    def of(cls, session, file: str) -> SessionIO:
+    def of(cls, session, file: str, path: str | None = None) -> SessionIO:
         def infos(args) -> dict[str, TensorInfo]:
             return {a.name: TensorInfo(a.name, a.type, tuple(a.shape)) for a in args}
 
-        return cls(file, infos(session.get_inputs()), infos(session.get_outputs()))
+        return cls(file, infos(session.get_inputs()), infos(session.get_outputs()), path)

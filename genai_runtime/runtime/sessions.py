@@ -169,7 +169,7 @@ def load_sessions(
             errors.append(exc)
             continue
         sessions[name] = session
-        ios[name] = SessionIO.of(session, session_spec.file)
+        ios[name] = SessionIO.of(session, session_spec.file, str(model_dir / session_spec.file))
     return sessions, ios, errors
 
 

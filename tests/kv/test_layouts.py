@@ -434,3 +434,36 @@ def test_fixed_shape_kinds_must_fit_the_graph(tmp_path, w) -> None:
         else:
             with pytest.raises(ConfigError, match=r"kv_cache\.kind"):
                 _generator(model)
+
+
+def test_sliding_window_read_from_the_graph_when_the_config_is_silent(tmp_path, w) -> None:
+    """No decoder.sliding_window in the config: GroupQueryAttention's local_window_size says
+    which layers slide and how far (read from the .onnx file's nodes)."""
+    folder = L.folder(tmp_path, "share-buffer", w, window=4, window_layers=[0])
+    doc = json.loads((folder / "genai_config.json").read_text())
+    del doc["model"]["decoder"]["sliding_window"]
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    generator = _generator(og.Model(folder), max_length=20)
+    assert generator.kv_plan.kind == "sliding-window"
+    layout = generator.kv_plan.layout
+    assert (layout.window, layout.window_layers) == (4, (0,))
+    generator.append_tokens(PROMPTS[0])
+    _step_and_check(generator, PROMPTS[:1], w, 12, 4, [0])
+    assert generator.kv_cache.window_capacity == 4 + 16  # the reference's default slack
+
+
+def test_onnx_scan_reads_every_node_attribute_the_onnx_package_sees(tmp_path, w) -> None:
+    import onnx
+
+    from genai_runtime.runtime.onnx_scan import int_attributes
+
+    path = L.build("share-buffer", tmp_path / "m.onnx", w, window=3, window_layers=[1])
+    expected = [
+        (list(node.input), next(a.i for a in node.attribute if a.name == "local_window_size"))
+        for node in onnx.load(str(path)).graph.node
+        if node.op_type == "GroupQueryAttention"
+    ]
+    assert int_attributes(path, "GroupQueryAttention", "local_window_size") == expected
+    assert [size for _, size in expected] == [-1, 3]
+    (tmp_path / "bad.onnx").write_bytes(path.read_bytes()[:1000])  # truncated: nothing, no crash
+    assert int_attributes(tmp_path / "bad.onnx", "GroupQueryAttention", "local_window_size") == []
