@@ -41,7 +41,14 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
         "--cache",
         choices=tuple(CACHE_LAYOUTS),
         default="share-buffer",
-        help="KV cache layout (default share-buffer)",
+        help="KV cache layout (default share-buffer; static-scatter: TensorScatter + "
+        "Attention-24 over fixed caches, loads in genai_runtime only)",
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="static-scatter cache length (default min(2048, context length))",
     )
     p.add_argument(
         "--accuracy-level",
@@ -95,6 +102,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             cache=args.cache,
             accuracy_level=args.accuracy_level,
+            max_seq_len=args.max_seq_len,
             force=args.force,
             progress=bars.tensor,
         )
@@ -123,6 +131,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             cache=args.cache,
             accuracy_level=args.accuracy_level,
+            max_seq_len=args.max_seq_len,
             force=args.force,
             quiet=args.quiet,
             progress_factory=bars.bytes,

@@ -22,8 +22,9 @@ from .gguf_file import GGUFModel, Hyper, Vocab
 from .graph import DTYPES, build_decoder
 from .tokenizer_json import tokenizer_config, tokenizer_json
 
-# --cache value -> whether GroupQueryAttention reads and writes one preallocated buffer.
-CACHE_LAYOUTS: dict[str, bool] = {"share-buffer": True, "concat": False}
+# --cache value -> whether one preallocated buffer is read and written in place.
+CACHE_LAYOUTS: dict[str, bool] = {"share-buffer": True, "concat": False, "static-scatter": False}
+DEFAULT_MAX_SEQ_LEN = 2048  # static-scatter: the caches are allocated whole, so not 8k+
 REPORT_FILE = "gguf_import.json"
 # MatMulNBits accuracy_level: 0 keeps fp32 activations (greedy tokens equal the fp32 import's);
 # 4 quantises them to int8 per block at run time, as the reference builder does for CPU: ~3.5x
@@ -40,10 +41,16 @@ class ImportResult:
     dequantised: tuple[str, ...]
 
 
-def genai_config(h: Hyper, vocab: Vocab, share_buffer: bool) -> dict[str, Any]:
-    """A v1 genai_config.json (onnxruntime-genai's builder format, so both runtimes load it)."""
+V2_FILE = "genai_config.v2.json"
+
+
+def genai_config(
+    h: Hyper, vocab: Vocab, cache: str, max_seq_len: int | None = None
+) -> dict[str, Any]:
+    """A v1 genai_config.json: onnxruntime-genai's builder format, which both runtimes load for
+    the GroupQueryAttention layouts; the static-scatter layout only loads here."""
     eos = vocab.eos_id if vocab.eos_id is not None else 0
-    return {
+    doc = {
         "model": {
             "bos_token_id": vocab.bos_id if vocab.bos_id is not None else eos,
             "context_length": h.context_length,
@@ -82,13 +89,39 @@ def genai_config(h: Hyper, vocab: Vocab, share_buffer: bool) -> dict[str, Any]:
             "no_repeat_ngram_size": 0,
             "num_beams": 1,
             "num_return_sequences": 1,
-            "past_present_share_buffer": share_buffer,
+            "past_present_share_buffer": CACHE_LAYOUTS[cache],
             "repetition_penalty": 1.0,
             "temperature": 1.0,
             "top_k": 50,
             "top_p": 1.0,
         },
     }
+    if cache == "static-scatter":
+        decoder = doc["model"]["decoder"]
+        decoder["inputs"] = {
+            "input_ids": "input_ids",
+            "position_ids": "position_ids",
+            "past_key_names": "key_cache.%d",
+            "past_value_names": "value_cache.%d",
+            "write_indices": "write_indices",
+            "nonpad_kv_seqlen": "nonpad_kv_seqlen",
+        }
+        decoder["outputs"] = {
+            "logits": "logits",
+            "present_key_names": "updated_key_cache.%d",
+            "present_value_names": "updated_value_cache.%d",
+        }
+        doc["search"]["max_length"] = max_seq_len
+    return doc
+
+
+def v2_config(v1: dict[str, Any]) -> dict[str, Any]:
+    """The same model in the v2 pipeline form (``genai_config.v2.json``), as ``migrate``
+    writes it; ``Model(folder / V2_FILE)`` loads it."""
+    from ..config import to_v2
+
+    doc = to_v2(v1, 1)
+    return {"$schema": "genai_config.v2.schema.json", **{k: v for k, v in doc.items()}}
 
 
 def _choice(value: str, valid: Any, what: str) -> None:
@@ -103,19 +136,36 @@ def import_gguf(
     dtype: str = "auto",
     cache: str = "share-buffer",
     accuracy_level: int = 0,
+    max_seq_len: int | None = None,
     force: bool = False,
     progress: Callable[[str, int], None] | None = None,
     extra_report: dict[str, Any] | None = None,
 ) -> ImportResult:
-    """Import ``gguf_path`` into the model folder ``out_dir`` (written atomically)."""
+    """Import ``gguf_path`` into the model folder ``out_dir`` (written atomically).
+
+    ``max_seq_len``: the static-scatter caches' fixed length (default the smaller of
+    ``DEFAULT_MAX_SEQ_LEN`` and the model's context length); other layouts ignore it.
+    """
     _choice(dtype, DTYPES, "--dtype")
     _choice(cache, CACHE_LAYOUTS, "--cache")
     _choice(str(accuracy_level), ACCURACY_LEVELS, "--accuracy-level")
+    if max_seq_len is not None and (cache != "static-scatter" or max_seq_len < 1):
+        raise GenaiRuntimeError(
+            f"--max-seq-len {max_seq_len}: a positive length, and only with --cache static-scatter"
+        )
     out = Path(out_dir)
     if out.exists() and not force:
         raise GenaiRuntimeError(f"{out} already exists; pass --force to replace it")
     start = time.perf_counter()
     model = GGUFModel(gguf_path)
+    static = None
+    if cache == "static-scatter":
+        static = max_seq_len or min(DEFAULT_MAX_SEQ_LEN, model.hyper.context_length)
+        if static > model.hyper.context_length:
+            raise GenaiRuntimeError(
+                f"--max-seq-len {static} exceeds the model's context length "
+                f"{model.hyper.context_length}"
+            )
     vocab = model.vocab()
     tok_doc = tokenizer_json(vocab, str(model.path))  # fails before any file is written
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -125,10 +175,17 @@ def import_gguf(
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
         report = build_decoder(
-            model, tmp, dtype=dtype, accuracy_level=accuracy_level, progress=progress
+            model,
+            tmp,
+            dtype=dtype,
+            accuracy_level=accuracy_level,
+            static_scatter=static,
+            progress=progress,
         )
+        v1 = genai_config(model.hyper, vocab, cache, static)
         files = {
-            "genai_config.json": genai_config(model.hyper, vocab, CACHE_LAYOUTS[cache]),
+            "genai_config.json": v1,
+            V2_FILE: v2_config(v1),
             "tokenizer.json": tok_doc,
             "tokenizer_config.json": tokenizer_config(vocab, model.hyper.context_length),
             REPORT_FILE: {
@@ -136,6 +193,7 @@ def import_gguf(
                 "architecture": model.arch,
                 "dtype": dtype,
                 "cache": cache,
+                **({"max_seq_len": static} if static else {}),
                 "accuracy_level": accuracy_level,
                 "matmul_nbits": list(report.nbits),
                 "dequantised_fp32": list(report.dequantised),

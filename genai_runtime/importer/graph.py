@@ -5,7 +5,13 @@ Layout (the one onnxruntime-genai's builder writes, so both runtimes load it): i
 [B, kv_heads, P, head_size]; outputs ``logits`` [B, S, vocab], ``present.%d.{key,value}``.
 Per layer: RMSNorm -> Q/K/V projections -> GroupQueryAttention (rotary inside, from cos/sin
 tables built from the GGUF's rope parameters) -> output projection -> residual -> RMSNorm ->
-SwiGLU MLP -> residual. Weights stream one by one into ``model.onnx.data`` so peak memory stays
+SwiGLU MLP -> residual.
+
+The static-scatter layout (``cache="static-scatter"``) swaps the attention for standard ops:
+RotaryEmbedding on q and k at ``position_ids``, TensorScatter of the new rows into per-layer
+``key_cache.%d`` / ``value_cache.%d`` [B, max_seq_len, kv_heads * head_size] at
+``write_indices``, and opset-24 Attention reading ``nonpad_kv_seqlen`` valid rows; the updated
+caches come out as ``updated_key_cache.%d`` / ``updated_value_cache.%d``. Weights stream one by one into ``model.onnx.data`` so peak memory stays
 near one tensor, not the whole model.
 """
 
@@ -24,6 +30,7 @@ from .weights import Blocks, check_type, dequantize, to_blocks, unpermute_rows
 DTYPES = ("auto", "fp32")
 IR_VERSION = 10  # onnxruntime 1.31 refuses the IR 14 that onnx 1.23 stamps by default
 OPSET = 21
+STATIC_OPSET, STATIC_IR_VERSION = 24, 11  # TensorScatter and Attention's nonpad_kv_seqlen
 DATA_FILE = "model.onnx.data"
 _ALIGN = 64
 
@@ -111,11 +118,14 @@ def build_decoder(
     *,
     dtype: str = "auto",
     accuracy_level: int = 0,
+    static_scatter: int | None = None,
     progress: Callable[[str, int], None] | None = None,
 ) -> BuildReport:
     """Write ``model.onnx`` + ``model.onnx.data`` for ``model`` into ``out_dir``.
 
-    ``progress(tensor_name, total)`` is called once per weight matrix converted.
+    ``static_scatter``: the max_seq_len of a static-scatter cache layout (None: the
+    GroupQueryAttention layout). ``progress(tensor_name, total)`` is called once per weight
+    matrix converted.
     """
     from onnx import TensorProto, helper
 
@@ -152,17 +162,13 @@ def build_decoder(
         w = g.const(onnx_name, dequantize(model.tensor(gguf_name)))
         return g.op("SimplifiedLayerNormalization", [x, w], epsilon=h.rms_eps, axis=-1)
 
-    # Attention bookkeeping from the mask: per-row lengths - 1, and the total length.
-    one = g.const("one_i64", np.array([1], np.int64))
-    lengths = g.op("ReduceSum", ["attention_mask", one], keepdims=0)
-    seqlens = g.op("Cast", [g.op("Sub", [lengths, one])], to=6)
-    total_len = g.op(
-        "Cast",
-        [g.op("Gather", [g.op("Shape", ["attention_mask"]), g.const("idx1", np.array(1))])],
-        to=6,
-    )
     cos, sin = rope_cos_sin(h, h.context_length)
     cos_name, sin_name = g.const("cos_cache", cos), g.const("sin_cache", sin)
+    attention = (
+        _StaticScatterAttention(g, h, cos_name, sin_name, static_scatter)
+        if static_scatter
+        else _GroupQueryAttention(g, h, cos_name, sin_name)
+    )
 
     embed = model.tensor("token_embd.weight")
     if progress:
@@ -179,44 +185,19 @@ def build_decoder(
     )
     inputs = [
         helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "seq_len"]),
-        helper.make_tensor_value_info(
-            "attention_mask", TensorProto.INT64, ["batch_size", "total_seq_len"]
-        ),
+        *attention.inputs(),
     ]
     outputs = [
         helper.make_tensor_value_info(
             "logits", TensorProto.FLOAT, ["batch_size", "seq_len", h.vocab]
         )
     ]
-    past_shape = ["batch_size", h.kv_heads, "past_seq_len", h.head_size]
-    present_shape = ["batch_size", h.kv_heads, "total_seq_len", h.head_size]
     for i in range(h.layers):
         p, o = f"blk.{i}.", f"layers.{i}."
         attn_in = norm(x, p + "attn_norm.weight", o + "input_layernorm.weight")
         qkv_parts = [(p + "attn_q.weight", q_rows), (p + "attn_k.weight", k_rows)]
         qkv = linear(attn_in, [*qkv_parts, (p + "attn_v.weight", None)], o + "attn.qkv_proj")
-        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
-        present_k, present_v = f"present.{i}.key", f"present.{i}.value"
-        for name in (past_k, past_v):
-            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, past_shape))
-        for name in (present_k, present_v):
-            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, present_shape))
-        attn = f"/layers.{i}/attn/output"
-        g.nodes.append(
-            helper.make_node(
-                "GroupQueryAttention",
-                [qkv, "", "", past_k, past_v, seqlens, total_len, cos_name, sin_name],
-                [attn, present_k, present_v],
-                name=f"/layers.{i}/attn/GroupQueryAttention",
-                domain="com.microsoft",
-                num_heads=h.heads,
-                kv_num_heads=h.kv_heads,
-                scale=float(h.head_size**-0.5),
-                do_rotary=1,
-                rotary_interleaved=0,
-                local_window_size=-1,
-            )
-        )
+        attn = attention.layer(i, qkv, inputs, outputs)
         x = g.op("Add", [x, linear(attn, [(p + "attn_output.weight", None)], o + "attn.o_proj")])
         mlp_in = norm(x, p + "ffn_norm.weight", o + "post_attention_layernorm.weight")
         gate_up = linear(
@@ -258,14 +239,125 @@ def build_decoder(
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/lm_head/output"))
 
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, g.initializers)
+    opset = STATIC_OPSET if static_scatter else OPSET
     onnx_model = helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
         producer_name="genai_runtime.importer",
     )
-    onnx_model.ir_version = IR_VERSION
+    onnx_model.ir_version = STATIC_IR_VERSION if static_scatter else IR_VERSION
     (out_dir / "model.onnx").write_bytes(onnx_model.SerializeToString())
     return BuildReport(tuple(nbits), tuple(dequantised))
+
+
+class _GroupQueryAttention:
+    """com.microsoft GroupQueryAttention: rotary inside, past/present [B, kv_heads, T, D]
+    (one buffer when the runtime shares it), lengths from ``attention_mask``."""
+
+    def __init__(self, g: GraphBuilder, h: Any, cos: str, sin: str):
+        self.g, self.h, self.cos, self.sin = g, h, cos, sin
+        one = g.const("one_i64", np.array([1], np.int64))
+        lengths = g.op("ReduceSum", ["attention_mask", one], keepdims=0)
+        self.seqlens = g.op("Cast", [g.op("Sub", [lengths, one])], to=6)
+        shape = g.op("Shape", ["attention_mask"])
+        self.total = g.op("Cast", [g.op("Gather", [shape, g.const("idx1", np.array(1))])], to=6)
+
+    def inputs(self) -> list:
+        from onnx import TensorProto, helper
+
+        mask = ["batch_size", "total_seq_len"]
+        return [helper.make_tensor_value_info("attention_mask", TensorProto.INT64, mask)]
+
+    def layer(self, i: int, qkv: str, inputs: list, outputs: list) -> str:
+        from onnx import TensorProto, helper
+
+        h = self.h
+        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        present_k, present_v = f"present.{i}.key", f"present.{i}.value"
+        past_shape = ["batch_size", h.kv_heads, "past_seq_len", h.head_size]
+        present_shape = ["batch_size", h.kv_heads, "total_seq_len", h.head_size]
+        for name in (past_k, past_v):
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, past_shape))
+        for name in (present_k, present_v):
+            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, present_shape))
+        attn = f"/layers.{i}/attn/output"
+        self.g.nodes.append(
+            helper.make_node(
+                "GroupQueryAttention",
+                [qkv, "", "", past_k, past_v, self.seqlens, self.total, self.cos, self.sin],
+                [attn, present_k, present_v],
+                name=f"/layers.{i}/attn/GroupQueryAttention",
+                domain="com.microsoft",
+                num_heads=h.heads,
+                kv_num_heads=h.kv_heads,
+                scale=float(h.head_size**-0.5),
+                do_rotary=1,
+                rotary_interleaved=0,
+                local_window_size=-1,
+            )
+        )
+        return attn
+
+
+class _StaticScatterAttention:
+    """Standard opset-24 ops over fixed [B, max_seq_len, kv_hidden] caches the graph updates in
+    place: RotaryEmbedding, TensorScatter at ``write_indices``, Attention with
+    ``nonpad_kv_seqlen``."""
+
+    def __init__(self, g: GraphBuilder, h: Any, cos: str, sin: str, max_seq_len: int):
+        self.g, self.h, self.max_seq_len = g, h, max_seq_len
+        self.cos = g.op("Gather", [cos, "position_ids"])  # [B, S, D/2]
+        self.sin = g.op("Gather", [sin, "position_ids"])
+        q, kv = h.heads * h.head_size, h.kv_heads * h.head_size
+        self.split = g.const("split_qkv", np.array([q, kv, kv], np.int64))
+
+    def inputs(self) -> list:
+        from onnx import TensorProto, helper
+
+        ints = TensorProto.INT64
+        return [
+            helper.make_tensor_value_info("position_ids", ints, ["batch_size", "seq_len"]),
+            helper.make_tensor_value_info("write_indices", ints, ["batch_size"]),
+            helper.make_tensor_value_info("nonpad_kv_seqlen", ints, ["batch_size"]),
+        ]
+
+    def layer(self, i: int, qkv: str, inputs: list, outputs: list) -> str:
+        from onnx import TensorProto, helper
+
+        g, h = self.g, self.h
+        q, k, v = g.op("Split", [qkv, self.split], n_out=3, axis=-1)
+        q = g.op("RotaryEmbedding", [q, self.cos, self.sin], num_heads=h.heads)
+        k = g.op("RotaryEmbedding", [k, self.cos, self.sin], num_heads=h.kv_heads)
+        shape = ["batch_size", self.max_seq_len, h.kv_heads * h.head_size]
+        updated = []
+        for kind, rows in (("key", k), ("value", v)):
+            past, present = f"{kind}_cache.{i}", f"updated_{kind}_cache.{i}"
+            inputs.append(helper.make_tensor_value_info(past, TensorProto.FLOAT, shape))
+            outputs.append(helper.make_tensor_value_info(present, TensorProto.FLOAT, shape))
+            g.nodes.append(
+                helper.make_node(
+                    "TensorScatter",
+                    [past, rows, "write_indices"],
+                    [present],
+                    name=f"/layers.{i}/attn/{kind}_scatter",
+                    axis=1,
+                )
+            )
+            updated.append(present)
+        attn = f"/layers.{i}/attn/output"
+        g.nodes.append(
+            helper.make_node(
+                "Attention",
+                [q, *updated, "", "", "", "nonpad_kv_seqlen"],
+                [attn],
+                name=f"/layers.{i}/attn/Attention",
+                q_num_heads=h.heads,
+                kv_num_heads=h.kv_heads,
+                scale=float(h.head_size**-0.5),
+                is_causal=1,
+            )
+        )
+        return attn
 
 
 def _matmul_nbits(g: GraphBuilder, x: str, blocks: Blocks, name: str, accuracy_level: int) -> str:

@@ -103,14 +103,48 @@ def test_cache_layouts_and_dtypes_generate_the_numpy_greedy_tokens(tiny, tmp_pat
     expected = seq[len(ids) :]
     runs = {}
     for dtype in ("fp32", "auto"):
-        for cache in ("share-buffer", "concat"):
+        for cache in ("share-buffer", "concat", "static-scatter"):
             out = tmp_path / f"{dtype}-{cache}"
             import_gguf(tiny["q4_1"], out, dtype=dtype, cache=cache, accuracy_level=0)
             share = json.loads((out / "genai_config.json").read_text())["search"]
             assert share["past_present_share_buffer"] is (cache == "share-buffer")
             runs[(dtype, cache)] = greedy(out, ids, new)
+            # The v2 form written beside it is the same model.
+            runs[(dtype, cache, "v2")] = greedy(out / "genai_config.v2.json", ids, new)
     for key, tokens in runs.items():
         assert tokens == expected, key
+
+
+def test_static_scatter_import_layout_and_batches(tiny, tmp_path):
+    import genai_runtime as og
+
+    out = tmp_path / "static"
+    import_gguf(tiny["q4_1"], out, cache="static-scatter", max_seq_len=48)
+    cfg = json.loads((out / "genai_config.json").read_text())
+    assert cfg["search"]["max_length"] == 48
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=2, max_length=40)
+    generator = og.Generator(model, params)
+    assert generator.kv_plan.kind == "static-scatter"
+    assert generator.kv_plan.layout.static_capacity == 48
+    prompts = [PROMPT[:6], PROMPT[:3]]
+    pad = cfg["model"]["pad_token_id"]
+    generator.append_tokens(np.array([p + [pad] * (6 - len(p)) for p in prompts], np.int64))
+    for _ in range(8):
+        generator.generate_next_token()
+    for row, prompt in enumerate(prompts):
+        # Each row of the batch equals that prompt run alone (right padding is not attended).
+        alone = greedy(out, prompt, 8)
+        assert generator.get_sequence(row).tolist()[6:] == alone
+
+
+def test_static_scatter_import_bad_lengths(tiny, tmp_path):
+    with pytest.raises(GenaiRuntimeError, match="only with --cache static-scatter"):
+        import_gguf(tiny["q4_1"], tmp_path / "a", max_seq_len=64)
+    with pytest.raises(GenaiRuntimeError, match="exceeds the model's context length 128"):
+        import_gguf(tiny["q4_1"], tmp_path / "b", cache="static-scatter", max_seq_len=4096)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_tokenizer_and_configs_from_gguf_metadata(tiny, tmp_path):

@@ -59,8 +59,10 @@ def imported(gguf_path, tmp_path_factory) -> dict[str, Path]:
         ("fp32", "fp32", "share-buffer"),
         ("auto", "auto", "share-buffer"),
         ("auto-concat", "auto", "concat"),
+        ("auto-static", "auto", "static-scatter"),
     ]:
-        out[key] = import_gguf(gguf_path, base / key, dtype=dtype, cache=cache).out_dir
+        seq = {"max_seq_len": 256} if cache == "static-scatter" else {}
+        out[key] = import_gguf(gguf_path, base / key, dtype=dtype, cache=cache, **seq).out_dir
     return out
 
 
@@ -243,6 +245,7 @@ def test_cache_layouts_and_reference_runtime_agree(imported):
     prompt = PROMPTS[1]
     ours = greedy(imported["auto"], prompt)
     assert greedy(imported["auto-concat"], prompt) == ours
+    assert greedy(imported["auto-static"], prompt) == ours
     # onnxruntime-genai 0.18 loads the share-buffer import and generates the same tokens.
     model = ort_genai.Model(str(imported["auto"]))
     tok = ort_genai.Tokenizer(model)
@@ -256,3 +259,26 @@ def test_cache_layouts_and_reference_runtime_agree(imported):
         gen.generate_next_token()
         ref.append(int(gen.get_next_tokens()[0]))
     assert ref == ours
+
+
+def test_static_scatter_import_equals_share_buffer_batch_1_and_2(imported):
+    """TensorScatter + Attention-24 over fixed caches: the same tokens as GroupQueryAttention,
+    alone and side by side in one right-padded batch."""
+    model = og.Model(str(imported["auto-static"]))
+    tok = og.Tokenizer(model)
+    prompts = [chat_ids(tok, p) for p in PROMPTS[:2]]
+    alone = [greedy(imported["auto"], p, 16) for p in PROMPTS[:2]]
+    assert [greedy(imported["auto-static"], p, 16) for p in PROMPTS[:2]] == alone
+    width = max(map(len, prompts))
+    params = og.GeneratorParams(model)
+    params.set_search_options(batch_size=2, max_length=width + 16, do_sample=False)
+    gen = og.Generator(model, params)
+    pad = json.loads((imported["auto-static"] / "genai_config.json").read_text())["model"][
+        "pad_token_id"
+    ]
+    gen.append_tokens(np.array([p + [pad] * (width - len(p)) for p in prompts], np.int64))
+    while not gen.is_done():
+        gen.generate_next_token()
+    for row in range(2):
+        got = gen.get_sequence(row).tolist()[width:]
+        assert got[: len(alone[row])] == alone[row], row
