@@ -11,8 +11,10 @@ The static-scatter layout (``cache="static-scatter"``) swaps the attention for s
 RotaryEmbedding on q and k at ``position_ids``, TensorScatter of the new rows into per-layer
 ``key_cache.%d`` / ``value_cache.%d`` [B, max_seq_len, kv_heads * head_size] at
 ``write_indices``, and opset-24 Attention reading ``nonpad_kv_seqlen`` valid rows; the updated
-caches come out as ``updated_key_cache.%d`` / ``updated_value_cache.%d``. Weights stream one by one into ``model.onnx.data`` so peak memory stays
-near one tensor, not the whole model.
+caches come out as ``updated_key_cache.%d`` / ``updated_value_cache.%d``.
+
+Weights stream one by one into ``model.onnx.data`` so peak memory stays near one tensor, not the
+whole model.
 """
 
 from __future__ import annotations
