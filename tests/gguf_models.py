@@ -53,9 +53,11 @@ def write_tiny_gguf(
     seed: int = 0,
     head_qtype: Q | None = None,
     add_bos: bool = False,
+    dims: dict[str, int] | None = None,
 ) -> Path:
-    """A 2-layer llama GGUF with random weights quantised as ``qtype``."""
-    t = TINY
+    """A 2-layer llama GGUF with random weights quantised as ``qtype`` (``dims`` overrides
+    TINY's sizes: K-quants need in-features that are multiples of 256)."""
+    t = {**TINY, **(dims or {})}
     rng = np.random.default_rng(seed)
     tokens, merges = tiny_vocab()
     vocab = len(tokens)
@@ -88,6 +90,10 @@ def write_tiny_gguf(
         if q == Q.F32:
             w.add_tensor(name, data)
             return
+        if q == Q.Q4_K:
+            raw = random_q4_k(rng, out_f, in_f, scale)
+            w.add_tensor(name, raw, raw_dtype=q)
+            return
         try:
             raw = quants.quantize(data, q)
         except NotImplementedError:  # a type the writer cannot make: zero blocks of its size
@@ -118,6 +124,18 @@ def write_tiny_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def random_q4_k(rng: np.random.Generator, rows: int, cols: int, scale: float) -> np.ndarray:
+    """Random but valid Q4_K super-blocks (the gguf package cannot quantise to K-quants):
+    random codes and 6-bit scales/mins, fp16 d / dmin sized so weights are about ``scale``."""
+    supers = cols // 256
+    raw = rng.integers(0, 256, (rows, supers, 144), dtype=np.uint8)
+    d = np.abs(rng.standard_normal((rows, supers)) * scale / 800).astype(np.float16)
+    dmin = np.abs(rng.standard_normal((rows, supers)) * scale / 160).astype(np.float16)
+    raw[..., 0:2] = d.view(np.uint8).reshape(rows, supers, 2)
+    raw[..., 2:4] = dmin.view(np.uint8).reshape(rows, supers, 2)
+    return raw.reshape(rows, supers * 144)
 
 
 # ---------------------------------------------------------------------------------------------

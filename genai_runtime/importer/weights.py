@@ -12,8 +12,14 @@ values along K. GGUF's 4-bit legacy blocks map onto it without requantising:
   1.31's CPU kernel then dequantises on every call: ~13x slower; 8-bit MatMulNBits is slower than
   fp32 MatMul there, so ``Q8_0`` is dequantised to fp32, which is exact.)
 
-Every other type (F16, BF16, Q8_0, K-quants, Q5_x, ...) is dequantised to fp32 by the ``gguf``
-package.
+- ``Q4_K`` (256-value super-blocks of eight 32-value sub-blocks, ``d * sc * q - dmin * m`` with
+  6-bit ``sc`` and ``m`` per sub-block): the same shape as ``Q4_1`` at block 32, scale
+  ``d * sc`` and offset ``-dmin * m``. An fp16 times a 6-bit integer is exact in fp32, so each
+  weight equals the GGUF's dequantised value; only the summation order differs.
+
+Every other type (F16, BF16, Q8_0, Q5_x, Q2_K/Q3_K/Q5_K/Q6_K, ...) is dequantised to fp32 by the
+``gguf`` package: their codes are wider than 4 bits, and 8-bit MatMulNBits is slower than fp32
+MatMul on onnxruntime 1.31's CPU kernels (see above).
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ DEQUANTISABLE = (
     "Q5_K",
     "Q6_K",
 )
-NBITS_TYPES = ("Q4_0", "Q4_1")
+NBITS_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+SUPER = 256  # K-quant super-block
 
 
 def type_name(t: Any) -> str:
@@ -146,6 +153,8 @@ def to_blocks(t: Any) -> Blocks | None:
         return None
     n = int(t.shape[1])
     raw = np.asarray(t.data, dtype=np.uint8)
+    if name == "Q4_K":
+        return _q4_k(_split(raw, n, 144))
     if name == "Q4_0":
         b = _split(raw, n, 18)
         d = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -154,6 +163,25 @@ def to_blocks(t: Any) -> Blocks | None:
     d = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
     m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     return Blocks(4, _nibbles(b[..., 4:]), d, np.zeros(d.shape, np.uint8), m)
+
+
+def _q4_k(b: np.ndarray) -> Blocks:
+    """[N, K/256, 144] Q4_K super-blocks -> 32-value blocks (scale d*sc, offset -dmin*m)."""
+    n, supers = b.shape[:2]
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    packed = b[..., 4:16].astype(np.uint8)  # 8 x (6-bit scale, 6-bit min)
+    sc = np.empty((n, supers, 8), np.uint8)
+    mn = np.empty((n, supers, 8), np.uint8)
+    sc[..., :4] = packed[..., 0:4] & 63
+    mn[..., :4] = packed[..., 4:8] & 63
+    sc[..., 4:] = (packed[..., 8:12] & 0x0F) | ((packed[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (packed[..., 8:12] >> 4) | ((packed[..., 4:8] >> 6) << 4)
+    qs = b[..., 16:].reshape(n, supers, 4, 32)  # 4 chunks of 32 bytes: sub-blocks 2c and 2c+1
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, supers * 8, 32).astype(np.uint8)
+    scales = (d[..., None] * sc).reshape(n, supers * 8)
+    offsets = -(dmin[..., None] * mn).reshape(n, supers * 8)
+    return Blocks(4, codes, scales.astype(np.float32), np.zeros(scales.shape, np.uint8), offsets)
 
 
 def unpermute_rows(n_heads: int, rows: int) -> np.ndarray:

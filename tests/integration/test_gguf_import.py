@@ -56,26 +56,31 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
         "q4_1": gguf_models.write_tiny_gguf(base / "q4_1.gguf", qtype=Q.Q4_1),
         "q4_0": gguf_models.write_tiny_gguf(base / "q4_0.gguf", qtype=Q.Q4_0, tied=False),
         "q8_0": gguf_models.write_tiny_gguf(base / "q8_0.gguf", qtype=Q.Q8_0),
+        # K-quants come in 256-value super-blocks: every in-feature count a multiple of 256.
+        "q4_k": gguf_models.write_tiny_gguf(
+            base / "q4_k.gguf", qtype=Q.Q4_K, dims={"hidden": 256, "ffn": 512}
+        ),
     }
     return files
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K])
 def test_matmulnbits_blocks_reproduce_gguf_dequantisation(tmp_path, qtype):
-    path = gguf_models.write_tiny_gguf(tmp_path / "m.gguf", qtype=qtype)
+    dims = {"hidden": 256, "ffn": 512} if qtype == Q.Q4_K else None
+    path = gguf_models.write_tiny_gguf(tmp_path / "m.gguf", qtype=qtype, dims=dims)
     model = GGUFModel(path)
     t = model.tensor("blk.0.ffn_gate.weight")
     blocks = to_blocks(t)
     assert blocks is not None and blocks.bits == 4
     ref = dequantize(t)
-    if qtype == Q.Q4_0:
-        np.testing.assert_array_equal(blocks.dequantize(), ref)  # bit-exact
-    else:  # d*q + m: the same two fp32 terms, added in the same order
-        np.testing.assert_array_equal(blocks.dequantize(), ref)
+    # Q4_0 is bit-exact; Q4_1 (d*q + m) and Q4_K ((d*sc)*q - dmin*m) are the same two fp32
+    # terms, each exact, added in the same order.
+    np.testing.assert_array_equal(blocks.dequantize(), ref)
+    assert np.abs(ref).max() > 0.01  # real weights, not zero blocks
     assert to_blocks(model.tensor("token_embd.weight")) is None  # Q8_0 -> fp32
 
 
-@pytest.mark.parametrize("name", ["q4_1", "q4_0", "q8_0"])
+@pytest.mark.parametrize("name", ["q4_1", "q4_0", "q8_0", "q4_k"])
 @pytest.mark.parametrize("dtype", ["fp32", "auto"])
 def test_graph_logits_match_numpy_forward(tiny, tmp_path, name, dtype):
     out = tmp_path / "model"
@@ -83,14 +88,20 @@ def test_graph_logits_match_numpy_forward(tiny, tmp_path, name, dtype):
     ref = gguf_models.numpy_logits(tiny[name], PROMPT)
     got = run_graph(out, PROMPT)
     assert got.shape == ref.shape
-    assert np.abs(got - ref).max() <= 1e-4, np.abs(got - ref).max()
-    if result.nbits:  # int8 activations at run time: close, not exact
+    # q4_k's hidden size is 256, not 64: its logits run ~4x larger, and so does fp32 rounding;
+    # 1e-3 is the issue's bar for the real model.
+    tol = 1e-3 if name == "q4_k" else 1e-4
+    assert np.abs(got - ref).max() <= tol, np.abs(got - ref).max()
+    # int8 activations at run time: close, not exact (checked on the legacy types; the random
+    # Q4_K model's uniform codes over 256 inputs put it far from any real weight distribution).
+    if result.nbits and name != "q4_k":
         fast = run_graph(
             import_gguf(tiny[name], tmp_path / "fast", accuracy_level=4).out_dir, PROMPT
         )
         assert 1e-6 < np.abs(fast - ref).max() <= 0.05 * np.abs(ref).max()
     if dtype == "auto" and name != "q8_0":
         assert len(result.nbits) == 7 * 2 + (1 if name == "q4_0" else 0)  # untied head is Q4_0
+        assert not [n for n in result.dequantised if n.startswith("blk.")]
     else:
         assert result.nbits == ()
 
