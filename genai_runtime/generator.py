@@ -18,7 +18,6 @@ import numpy as np
 from .config.spec import GenerationSpec
 from .decoding.chain import make_decoder
 from .decoding.sampling import make_rng
-from .decoding.speculative import make_driver
 from .environment import LOG, log
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .kv import plan_cache
@@ -203,7 +202,11 @@ class Generator:
         self._any_eos = False
         self._done = False
         # Speculative decoding or a controller plugin: tokens come in rounds, handed out singly.
-        self._driver = make_driver(self, model)
+        self._driver = None
+        if getattr(model, "controller", None) or getattr(model, "speculative", None):
+            from .decoding.speculative import make_driver
+
+            self._driver = make_driver(self, model)
 
     # -- the reference API -----------------------------------------------------------------
 

@@ -13,9 +13,7 @@ import onnxruntime as ort
 from .config import load
 from .config.loader import deep_merge, parse_json_text
 from .config.spec import PipelineSpec, ProviderSpec, frozen_map
-from .decoding.speculative import load_speculative
 from .errors import ConfigError, TrustError, UnsupportedError
-from .plugins import load_controller
 from .routing import Route, classify
 from .runtime.confirm import config_problems
 from .runtime.graph_io import SessionIO
@@ -137,10 +135,14 @@ class Model:
             )
         if spec.plugin is not None:
             raise UnsupportedError("pipeline.plugin is not supported yet")
-        self.controller = load_controller(
-            spec.controller, trust=trust_remote_code, model_dir=self.model_dir,
-            root=getattr(config, "_root", None),
-        )  # fmt: skip
+        self.controller = None
+        if spec.controller is not None:  # imported only when asked for (load time)
+            from .plugins import load_controller
+
+            self.controller = load_controller(
+                spec.controller, trust=trust_remote_code, model_dir=self.model_dir,
+                root=getattr(config, "_root", None),
+            )  # fmt: skip
         names = dict.fromkeys(step.run for step in spec.flow)
         sessions, ios, errors = load_sessions(spec, names, trust=trust_remote_code)
         if errors:
@@ -152,7 +154,11 @@ class Model:
         problems = config_problems(spec, self.plan)
         if problems:
             raise ConfigError(problems, str(config.path))
-        self.speculative = load_speculative(self, trust=trust_remote_code)
+        self.speculative = None
+        if spec.strategy.kind == "speculative":
+            from .decoding.speculative import load_speculative
+
+            self.speculative = load_speculative(self, trust=trust_remote_code)
 
     @property
     def type(self) -> str:

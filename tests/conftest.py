@@ -15,6 +15,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_validation_cache(tmp_path_factory) -> None:
+    """Configs the suite validates are remembered in a folder of its own, not the user's cache
+    (one per test session, so every run validates afresh at least once)."""
+    os.environ["GENAI_RUNTIME_VALIDATION_CACHE"] = str(tmp_path_factory.mktemp("validated"))
+
+
 def _shared_root() -> Path:
     env = os.environ.get("GENAI_RUNTIME_SHARED")
     return Path(env) if env else REPO.parent / "shared"

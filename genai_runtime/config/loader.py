@@ -15,15 +15,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
-from referencing import Registry, Resource
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ConfigProblem
+from . import validated
 from .bounded import CONFIG_LIMITS, LimitError, clip_text, load_json, load_yaml, read_bounded
 from .resources import resource_dir
+
+if TYPE_CHECKING:  # jsonschema is imported only when a config is not known to be valid
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
+    from referencing import Registry
 
 CONFIG_NAMES = ("genai_config.json", "genai_config.yaml", "genai_config.yml")
 SUPPORTED_VERSIONS = (1, 2)
@@ -81,6 +83,8 @@ def load_schema(version: int) -> dict:
 
 @cache
 def _registry() -> Registry:
+    from referencing import Registry, Resource
+
     # Both schemas under their $id, so a $ref across files resolves offline.
     resources = [
         (_schema(v)["$id"], Resource.from_contents(_schema(v))) for v in SUPPORTED_VERSIONS
@@ -90,6 +94,8 @@ def _registry() -> Registry:
 
 @cache
 def _validator(version: int) -> Draft202012Validator:
+    from jsonschema import Draft202012Validator
+
     return Draft202012Validator(_schema(version), registry=_registry())
 
 
@@ -325,6 +331,9 @@ def validate_document(doc: Any, version: int, source: str | None = None) -> None
     if version not in SUPPORTED_VERSIONS:
         exc = _version_error(version)
         raise ConfigError(exc.problems, source)
+    digest = validated.key(doc, version, schema_path(version))
+    if validated.known(digest):
+        return
     found: dict[tuple, tuple[PathParts, str]] = {}
     for error in _validator(version).iter_errors(doc):
         for parts, message in _explain(error, version):
@@ -332,6 +341,7 @@ def validate_document(doc: Any, version: int, source: str | None = None) -> None
     if found:
         problems = [ConfigProblem(json_path(p), m) for _, (p, m) in sorted(found.items())]
         raise ConfigError(problems, source)
+    validated.remember(digest)
 
 
 def json_path(parts: Iterable[str | int]) -> str:
@@ -428,6 +438,8 @@ def _explain_alternatives(error: ValidationError, version: int) -> list[tuple[Pa
         # No branch fits, or the value has the right shape but a bad range: name all options.
         what = _describe(error.schema, version, with_bounds=True, value=error.instance)
         return [(parts, f"expected {what}, got {_got(error.instance)}")]
+    from jsonschema.exceptions import best_match
+
     chosen = candidates if len(fitting) == 1 else [best_match(candidates)]
     return [item for sub in chosen for item in _explain(sub, version)]
 
