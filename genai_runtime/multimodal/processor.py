@@ -2,12 +2,18 @@
 
 Audio: each clip is decoded, resampled and turned into log-mel features as the model folder's
 ``audio_processor_config.json`` says, stacked as ``audio_features`` [N, n_mel, frames]. Prompts
-are tokenized into right-padded ``input_ids`` [N, T]. Image preprocessing is not implemented:
-give ``pixel_values`` (and friends) to ``Generator.set_inputs`` directly.
+are tokenized into right-padded ``input_ids`` [N, T].
+
+Images: each is decoded and transformed as ``processor_config.json`` says (``images.py``), giving
+``pixel_values`` [N, crops + 1, 3, 336, 336] in the vision graph's dtype, ``image_sizes`` [N, 2]
+and ``num_image_tokens`` [N, 1]; each ``<|image_k|>`` in the prompt becomes that image's number
+of tokens, all ``-k`` (the embedding graph puts image k's features there), as the reference does.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +29,8 @@ if TYPE_CHECKING:
     from ..model import Model
 
 AUDIO_CONFIG = "audio_processor_config.json"
+IMAGE_CONFIG = "processor_config.json"
+IMAGE_TAG = re.compile(r"<\|image_(\d+)\|>")
 # Whisper's decoder prompt for an English transcript without timestamps.
 TRANSCRIBE_PROMPT = "<|startoftranscript|><|notimestamps|>"
 
@@ -57,10 +65,9 @@ class MultiModalProcessor:
     ) -> NamedTensors:
         out = NamedTensors()
         if images is not None:
-            raise UnsupportedError(
-                "image preprocessing is not implemented yet; compute pixel_values yourself and "
-                "pass them with Generator.set_inputs / set_model_input"
-            )
+            if audios is not None:
+                raise UnsupportedError("processor: images and audios together are not supported")
+            return self._images(prompt, images)
         count = 1
         if audios is not None:
             if not isinstance(audios, Audios) or len(audios) == 0:
@@ -95,6 +102,66 @@ class MultiModalProcessor:
         for i, row in enumerate(rows):
             ids[i, : len(row)] = row
         return ids
+
+    def _images(self, prompt: Any, images: Images) -> NamedTensors:
+        from .images import image_transform
+
+        if not isinstance(images, Images) or len(images) == 0:
+            raise GenerationError("processor: images must be a non-empty og.Images")
+        if prompt is not None and not isinstance(prompt, str):
+            raise UnsupportedError("processor: images take one prompt string (batch size 1)")
+        path = Path(self.model.model_dir) / IMAGE_CONFIG
+        if not path.is_file():
+            raise ModelError(f"{path}: not found; the model folder has no image processor config")
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{path}: cannot read it ({exc})") from None
+        transform = image_transform(config, str(path))
+        from .images import decode_image
+
+        feats = [transform(decode_image(name, data)) for name, data in images.items]
+        out = NamedTensors()
+        out["pixel_values"] = np.stack([f.pixel_values for f in feats]).astype(
+            self._input_dtype("pixel_values", np.float32)
+        )
+        out["image_sizes"] = np.array([f.image_size for f in feats], np.int64)
+        counts = [f.num_tokens for f in feats]
+        out["num_image_tokens"] = np.array(counts, np.int64)[:, None]
+        out["input_ids"] = self._image_prompt(prompt or "", counts)
+        return out
+
+    def _image_prompt(self, prompt: str, counts: list[int]) -> np.ndarray:
+        """Token ids of the text around each ``<|image_k|>`` tag, the tag replaced by
+        ``counts[k-1]`` copies of ``-k``; every image must be referred to."""
+        chunks = IMAGE_TAG.split(prompt)  # text, k, text, k, ..., text
+        texts, tags = chunks[0::2], [int(k) for k in chunks[1::2]]
+        if len(set(tags)) != len(counts):
+            raise GenerationError(
+                f"processor: the prompt refers to {len(set(tags))} distinct images "
+                f"({', '.join(f'<|image_{k}|>' for k in sorted(set(tags))) or 'none'}) but "
+                f"{len(counts)} were given"
+            )
+        ids: list[int] = []
+        for i, text in enumerate(texts):
+            ids.extend(int(t) for t in self.tokenizer.encode(text))
+            if i < len(tags):
+                k = tags[i]
+                if not 1 <= k <= len(counts):
+                    raise GenerationError(
+                        f"processor: <|image_{k}|> in the prompt, but only {len(counts)} "
+                        "images were given"
+                    )
+                ids.extend([-k] * counts[k - 1])
+        return np.array([ids], np.int32)
+
+    def _input_dtype(self, name: str, default: Any) -> Any:
+        """The dtype a stage of the model declares for user input ``name``."""
+        for stage in self.model.plan.stages:
+            info = stage.io.inputs.get(name)
+            if info is not None:
+                return info.dtype
+        return default
 
     def decode(self, ids: Any) -> str:
         return self.tokenizer.decode(ids)

@@ -106,10 +106,22 @@ def test_rewind_after_eos_regenerates_the_same_reply() -> None:
         steps = _trace(generator)
         sequence = generator.get_sequence(0).tolist()
         assert len(steps) > 2 and steps[-1][0][0] in eos and sequence[-1] not in eos
-        # The last kept token now runs alone, not inside the prefill, so int4 numerics may
-        # break a near-tie late in the reply; the start must be the same.
-        assert sequence[: length + 10] == first[: length + 10]
+        # The last kept token now runs alone, not inside the prefill, and int4 kernels round a
+        # one-token pass differently (on some CPUs enough to flip a near-tie a few tokens on),
+        # so the reference for the rewound run is a fresh generator making the same passes.
+        fresh = _fresh_passes(generator.model, first[: length - 1], first[length - 1 : length])
+        assert sequence == fresh
         first = sequence
+
+
+def _fresh_passes(model, *passes: list[int]) -> list[int]:
+    params = genai_runtime.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=100)
+    generator = genai_runtime.Generator(model, params)
+    for tokens in passes:
+        generator.append_tokens(np.asarray(tokens, np.int32))
+    _trace(generator)
+    return generator.get_sequence(0).tolist()
 
 
 def test_streaming_yields_the_eos_last_and_text_matches_the_reference() -> None:
