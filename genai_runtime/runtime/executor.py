@@ -542,7 +542,7 @@ class Executor:
             shape: tuple[int, ...] = (self.batch_size, rows, vocab)
         else:
             shape = (self.batch_size, vocab)
-        size = int(np.prod(shape))
+        size = self.batch_size * vocab * (shape[1] if len(shape) == 3 else 1)
         if self._logits_buf.size < size or self._logits_buf.dtype != info.dtype:
             self._logits_buf = np.empty(size, info.dtype)
         # Keyed by buffer too: with two logits stages (prefill/decode), one may have grown it.
