@@ -80,6 +80,22 @@ def bind_in_place(
         stage.bind_output_value(present, value)
 
 
+class PreallocatedBuffers:
+    """For caches that allocate their whole buffers up front: a fixed capacity, and every
+    buffer's bytes held from the start."""
+
+    _capacity: int
+    _arrays: list[np.ndarray]
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self._arrays)
+
+
 class KVCache(Protocol):
     """One cache layout. ``length`` counts tokens whose keys/values the cache holds."""
 

@@ -27,13 +27,13 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..runtime.bound import BoundSession
-from .base import KVLayout
+from .base import KVLayout, PreallocatedBuffers
 
 if TYPE_CHECKING:
     from ..runtime.positions import PositionState
 
 
-class _FixedShapeCache:
+class _FixedShapeCache(PreallocatedBuffers):
     kind: ClassVar[str]
     uses_positions: ClassVar[bool] = True
     left_padded: ClassVar[bool]  # where padding goes inside a chunk
@@ -63,14 +63,6 @@ class _FixedShapeCache:
         self.mask = np.zeros((batch_size, ctx + c), np.int64)
         self.rows = np.zeros(batch_size, np.int64)  # real tokens per row in the current chunk
         self._bound: set[int] = set()
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._arrays)
 
     # -- one chunk ---------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..runtime.bound import BoundSession
-from .base import KVLayout, bind_in_place
+from .base import KVLayout, PreallocatedBuffers, bind_in_place
 
 if TYPE_CHECKING:
     from ..runtime.positions import PositionState
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 PAD_POSITION = -1
 
 
-class GraphScatteredCache:
+class GraphScatteredCache(PreallocatedBuffers):
     kind: ClassVar[str] = "graph-scattered"
     uses_positions: ClassVar[bool] = True
 
@@ -44,14 +44,6 @@ class GraphScatteredCache:
         self._arrays = [np.zeros(shape, layout.dtype) for _ in self._names]
         self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._arrays]
         self._bound: set[int] = set()
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._arrays)
 
     def bind(self, stage: BoundSession, num_new: int) -> None:
         if self.length + num_new > self._capacity:

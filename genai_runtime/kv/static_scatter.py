@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
 from ..runtime.bound import BoundSession
-from .base import KVLayout, bind_in_place
+from .base import KVLayout, PreallocatedBuffers, bind_in_place
 
 if TYPE_CHECKING:
     from ..runtime.positions import PositionState
@@ -44,7 +44,7 @@ class RowDrivers:
                 stage.bind_array(self.names[role], array)
 
 
-class StaticScatterCache:
+class StaticScatterCache(PreallocatedBuffers):
     kind: ClassVar[str] = "static-scatter"
     uses_positions: ClassVar[bool] = True
 
@@ -73,14 +73,6 @@ class StaticScatterCache:
         ]
         self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._arrays]
         self._epoch = id(self)  # a binding made for another cache must be redone
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._arrays)
 
     def bind(self, stage: BoundSession, num_new: int) -> None:
         self._drivers.update(num_new)
