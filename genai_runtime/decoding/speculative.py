@@ -623,6 +623,11 @@ def _check_target(spec: PipelineSpec, plan: Plan) -> None:
             f"{_files(plan)}: the target declares no KV cache; speculative decoding rewinds it"
         )
     _check_rewind(spec, "")
+    if plan.layout.new_rows:
+        raise ModelError(
+            f"{_files(plan)}: the target runs fixed chunks of {plan.layout.new_rows} tokens "
+            "(a fixed-shape cache), so a verification pass cannot score every drafted token"
+        )
     logits = next(s.logits for s in plan.stages if s.logits is not None)
     if logits.rank != 3:
         raise ModelError(

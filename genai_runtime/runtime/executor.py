@@ -571,6 +571,11 @@ class Executor:
         """Logits ``[B, n, V]`` at every position of the last pass (a view the next pass
         overwrites); speculative verification scores all drafted tokens from one pass."""
         stage = self._logits_stage
+        if self._fixed is not None:  # chunked passes: the buffer holds the last chunk only
+            raise ModelError(
+                f"{stage.plan.io.file}: a {self._fixed.kind} cache runs fixed chunks, so one "
+                "pass's logits at every position are not kept"
+            )
         if stage.plan.logits.rank != 3:
             raise ModelError(
                 f"{stage.plan.io.file}: logits {stage.plan.logits} hold the last position only"

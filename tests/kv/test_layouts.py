@@ -467,3 +467,16 @@ def test_onnx_scan_reads_every_node_attribute_the_onnx_package_sees(tmp_path, w)
     assert [size for _, size in expected] == [-1, 3]
     (tmp_path / "bad.onnx").write_bytes(path.read_bytes()[:1000])  # truncated: nothing, no crash
     assert int_attributes(tmp_path / "bad.onnx", "GroupQueryAttention", "local_window_size") == []
+
+
+def test_fixed_shape_targets_refuse_speculation_and_all_position_logits(tmp_path, w) -> None:
+    folder = L.folder(tmp_path, "static-fifo", w)
+    generator = _generator(og.Model(folder), max_length=16)
+    generator.append_tokens(PROMPTS[0])
+    with pytest.raises(ModelError, match="fixed chunks"):
+        generator._exec.pass_logits()
+    doc = json.loads((folder / "genai_config.json").read_text())
+    doc["speculative"] = {"ngram_size": 3, "max_draft_tokens": 3}
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelError, match="fixed chunks of 4 tokens"):
+        og.Model(folder)

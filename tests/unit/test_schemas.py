@@ -574,3 +574,12 @@ def test_rnnt_models_need_no_context_length_like_the_reference() -> None:
     doc["model"]["type"] = "nemotron_speech"
     del doc["model"]["context_length"]
     validate_document(doc, 1)
+
+
+def test_v2_schema_lists_every_cache_kind() -> None:
+    from genai_runtime.kv import CACHE_KINDS
+
+    kind = load_schema(2)["$defs"]
+    found = [d["properties"]["kind"] for d in kind.values() if "kind" in d.get("properties", {})]
+    listed = {k for entry in found for k in entry.get("examples", [])}
+    assert set(CACHE_KINDS) | {"auto"} <= listed
