@@ -138,6 +138,7 @@ class Executor:
         self._last_run: dict[str, _Stage] = {}
         self._logits_stage = next(s for s in self.stages if s.plan.logits is not None)
         self._fixed = self.cache if getattr(self.cache, "chunk", None) else None
+        self._fixed_rows: np.ndarray | None = None  # [B, V] logits of the last real tokens
         if self._fixed is not None:
             self._check_fixed_plan()
 
@@ -247,8 +248,6 @@ class Executor:
             rows = [tokens[b, real[b]] for b in range(self.batch_size)]
             counts = real.sum(axis=1)
             cache.check_room(counts)
-            vocab = self.plan.vocab_size
-            out = np.zeros((self.batch_size, vocab or 0), np.float32)
             c = cache.chunk
             for first in range(0, max(int(counts.max()), 1), c):
                 cache.fill([row[first : first + c] for row in rows])
@@ -256,8 +255,11 @@ class Executor:
                 stage.bound.run()
                 cache.commit()
                 logits = self._fixed_logits(stage)
-                if out.shape[1] != logits.shape[2]:
-                    out = np.zeros((self.batch_size, logits.shape[2]), np.float32)
+                out = self._fixed_rows
+                if out is None or out.shape != (self.batch_size, logits.shape[2]):
+                    out = self._fixed_rows = np.zeros(
+                        (self.batch_size, logits.shape[2]), np.float32
+                    )
                 for b in range(self.batch_size):
                     if cache.rows[b] and first + cache.rows[b] == counts[b]:  # its last token
                         out[b] = logits[b, cache.last_column(b)]
@@ -268,7 +270,6 @@ class Executor:
             raise
         self._last_run[stage.plan.name] = stage
         self._last_tokens = tokens
-        self._fixed_out = out
         return out
 
     def _feed_fixed(self, stage: _Stage) -> None:
