@@ -62,6 +62,7 @@ class _FixedShapeCache(PreallocatedBuffers):
         self.cache_position = np.zeros((batch_size, c), np.int64)
         self.mask = np.zeros((batch_size, ctx + c), np.int64)
         self.rows = np.zeros(batch_size, np.int64)  # real tokens per row in the current chunk
+        self._cols = np.arange(c, dtype=np.int64)
         self._bound: set[int] = set()
 
     # -- one chunk ---------------------------------------------------------------------------
@@ -80,13 +81,12 @@ class _FixedShapeCache(PreallocatedBuffers):
             self.rows[b] = k
             cols = slice(c - k, c) if self.left_padded else slice(0, k)
             self.ids[b, cols] = row
-            self.position_ids[b, cols] = self.valid[b] + np.arange(k)
+            np.add(self.valid[b], self._cols[:k], out=self.position_ids[b, cols])
             self.mask[b, self._capacity :][cols] = 1
             self._mask_past(b)
         # Slots the new rows take (pads continue counting, clipped to the context).
-        self.cache_position[...] = np.minimum(
-            self.valid[:, None] + np.arange(c)[None, :], self._capacity - 1
-        )
+        np.add(self.valid[:, None], self._cols[None, :], out=self.cache_position)
+        np.minimum(self.cache_position, self._capacity - 1, out=self.cache_position)
 
     def last_column(self, b: int) -> int:
         """The chunk column of row b's last real token."""
