@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GenaiRuntimeError
+from .gemma3_graph import build_gemma3_decoder, genai_config_extras
 from .gguf_file import GGUFModel, Hyper, Vocab
 from .graph import DTYPES, build_decoder
 from .tokenizer_json import tokenizer_config, tokenizer_json
@@ -30,6 +31,8 @@ REPORT_FILE = "gguf_import.json"
 # faster kernels on onnxruntime 1.31, but greedy text departs from the exact weights' on most
 # prompts (benchmarks/gguf_import_parity.py).
 ACCURACY_LEVELS = ("0", "4")
+# Family.block -> the graph builder for that decoder block.
+DECODERS: dict[str, Callable[..., Any]] = {"llama": build_decoder, "gemma3": build_gemma3_decoder}
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,15 @@ def import_gguf(
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
-        report = build_decoder(
+        report = DECODERS[model.family.block](
             model, tmp, dtype=dtype, accuracy_level=accuracy_level, progress=progress
         )
+        config = genai_config(model.hyper, vocab, CACHE_LAYOUTS[cache])
+        extras = genai_config_extras(model)
+        config["model"].update(extras["model"])
+        config["model"]["decoder"].update(extras["decoder"])
         files = {
-            "genai_config.json": genai_config(model.hyper, vocab, CACHE_LAYOUTS[cache]),
+            "genai_config.json": config,
             "tokenizer.json": tok_doc,
             "tokenizer_config.json": tokenizer_config(vocab, model.hyper.context_length),
             REPORT_FILE: {

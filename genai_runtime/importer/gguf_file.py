@@ -28,11 +28,33 @@ class Family:
     # llama.cpp's converter permutes Q/K rows for GGML's adjacent-pair rope; we undo it so the
     # graph uses the half-split rotary layout the reference builder writes.
     unpermute_qk: bool
+    # Which decoder block the graph builder writes (folder.DECODERS): "llama" or "gemma3"
+    # (q/k norms, pre+post norms, scaled embedding, GELU-tanh MLP, local/global layers).
+    block: str = "llama"
+    # Per-layer norm tensors beyond the llama set, [hidden] and [head_size] wide.
+    extra_norms: tuple[str, ...] = ()
+    head_norms: tuple[str, ...] = ()
+    # Local/global attention: every `global_every`-th layer attends globally, the others through
+    # `{arch}.attention.sliding_window` tokens with rope base `local_rope_base`. llama.cpp fixes
+    # both per architecture; the GGUF does not store them.
+    global_every: int = 0
+    local_rope_base: float = 10000.0
+    # genai_config.json `model.type` (onnxruntime-genai picks its processor by it).
+    genai_type: str | None = None
 
 
 # One entry per GGUF `general.architecture` we can build; a miss lists these keys.
 FAMILIES: dict[str, Family] = {
     "llama": Family(unpermute_qk=True),
+    "gemma3": Family(
+        unpermute_qk=False,  # converted without the llama permutation (NEOX-style rope)
+        block="gemma3",
+        extra_norms=("post_attention_norm.weight", "post_ffw_norm.weight"),
+        head_norms=("attn_q_norm.weight", "attn_k_norm.weight"),
+        global_every=6,
+        local_rope_base=10000.0,
+        genai_type="gemma3_text",
+    ),
 }
 
 
@@ -54,6 +76,13 @@ class Hyper:
     rope_dim: int
     rope_linear_factor: float
     tied_embeddings: bool
+    sliding_window: int = 0  # 0: every layer attends globally
+    final_softcap: float = 0.0  # 0: none (`{arch}.final_logit_softcapping`)
+    attn_softcap: float = 0.0  # 0: none (`{arch}.attn_logit_softcapping`)
+
+    def is_local(self, layer: int, global_every: int) -> bool:
+        """Whether ``layer`` attends through the sliding window (every Nth layer is global)."""
+        return bool(self.sliding_window and global_every and (layer + 1) % global_every)
 
 
 @dataclass(frozen=True)
@@ -253,6 +282,9 @@ class GGUFModel:
             rope_dim=int(self.meta(f"{a}.rope.dimension_count", head_size)),
             rope_linear_factor=factor,
             tied_embeddings="output.weight" not in self.tensors,
+            sliding_window=int(self.meta(f"{a}.attention.sliding_window", 0)),
+            final_softcap=float(self.meta(f"{a}.final_logit_softcapping", 0.0)),
+            attn_softcap=float(self.meta(f"{a}.attn_logit_softcapping", 0.0)),
         )
 
     def _check_tensors(self) -> None:
@@ -271,6 +303,8 @@ class GGUFModel:
                 p + "ffn_up.weight": (h.hidden, h.intermediate),
                 p + "ffn_down.weight": (h.intermediate, h.hidden),
             }
+            want |= {p + n: (h.hidden,) for n in self.family.extra_norms}
+            want |= {p + n: (h.head_size,) for n in self.family.head_norms}
         if not h.tied_embeddings:
             want["output.weight"] = (h.hidden, h.vocab)
         problems = []

@@ -38,11 +38,16 @@ PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
         ],
     },
 }
-TOKENIZER_MODELS = ("gpt2",)
+# tokenizer.ggml.model values we can write; "llama" is SentencePiece-style (tokenizer_spm.py).
+TOKENIZER_MODELS = ("gpt2", "llama")
 
 
 def tokenizer_json(vocab: Vocab, source: str) -> dict[str, Any]:
     """The tokenizers-library document for a byte-level BPE GGUF vocabulary."""
+    if vocab.model == "llama":
+        from .tokenizer_spm import spm_tokenizer_json
+
+        return spm_tokenizer_json(vocab, source)
     if vocab.model not in TOKENIZER_MODELS:
         raise UnsupportedError(
             f"{source}: GGUF tokenizer model {vocab.model!r} is not supported; "
