@@ -59,8 +59,7 @@ class _Linear:
 
 def sliding_layers(model: GGUFModel) -> list[int]:
     """Indices of the layers that attend through the sliding window."""
-    h, fam = model.hyper, model.family
-    return [i for i in range(h.layers) if h.is_local(i, fam.global_every)]
+    return list(model.hyper.local_layers)
 
 
 def build_gemma3_decoder(
@@ -134,7 +133,7 @@ def build_gemma3_decoder(
     present_shape = ["batch_size", h.kv_heads, "total_seq_len", h.head_size]
     for i in range(h.layers):
         p, o = f"blk.{i}.", f"layers.{i}."
-        local = h.is_local(i, fam.global_every)
+        local = i in h.local_layers
         attn_in = norm(x, p + "attn_norm.weight", o + "input_layernorm.weight")
         qkv = linear(
             attn_in,

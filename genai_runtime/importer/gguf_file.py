@@ -77,12 +77,9 @@ class Hyper:
     rope_linear_factor: float
     tied_embeddings: bool
     sliding_window: int = 0  # 0: every layer attends globally
+    local_layers: tuple[int, ...] = ()  # the layers that attend through the sliding window
     final_softcap: float = 0.0  # 0: none (`{arch}.final_logit_softcapping`)
     attn_softcap: float = 0.0  # 0: none (`{arch}.attn_logit_softcapping`)
-
-    def is_local(self, layer: int, global_every: int) -> bool:
-        """Whether ``layer`` attends through the sliding window (every Nth layer is global)."""
-        return bool(self.sliding_window and global_every and (layer + 1) % global_every)
 
 
 @dataclass(frozen=True)
@@ -267,9 +264,11 @@ class GGUFModel:
                 f"{self.path}: rope scaling {scaling!r} is not supported; supported: linear, none"
             )
         factor = float(self.meta(f"{a}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+        layers = int(self.meta(f"{a}.block_count"))
+        window = int(self.meta(f"{a}.attention.sliding_window", 0))
         return Hyper(
             arch=a,
-            layers=int(self.meta(f"{a}.block_count")),
+            layers=layers,
             hidden=hidden,
             intermediate=int(self.meta(f"{a}.feed_forward_length")),
             heads=heads,
@@ -282,10 +281,28 @@ class GGUFModel:
             rope_dim=int(self.meta(f"{a}.rope.dimension_count", head_size)),
             rope_linear_factor=factor,
             tied_embeddings="output.weight" not in self.tensors,
-            sliding_window=int(self.meta(f"{a}.attention.sliding_window", 0)),
+            sliding_window=window,
+            # Only families whose block builds local attention get local layers.
+            local_layers=self._local_layers(layers) if window and self.family.global_every else (),
             final_softcap=float(self.meta(f"{a}.final_logit_softcapping", 0.0)),
             attn_softcap=float(self.meta(f"{a}.attn_logit_softcapping", 0.0)),
         )
+
+    def _local_layers(self, layers: int) -> tuple[int, ...]:
+        """Sliding-window layers: from ``{arch}.attention.sliding_window_pattern`` (every Nth
+        layer global, or one flag per layer) when the file has it, else the family's pattern."""
+        pattern = self.meta(f"{self.arch}.attention.sliding_window_pattern", None)
+        if isinstance(pattern, list):
+            if len(pattern) != layers:
+                raise ModelError(
+                    f"{self.path}: {self.arch}.attention.sliding_window_pattern has "
+                    f"{len(pattern)} flags for {layers} layers"
+                )
+            return tuple(i for i, local in enumerate(pattern) if local)
+        every = int(pattern) if pattern is not None else self.family.global_every
+        if every <= 0:  # llama.cpp: pattern 0 means every layer is local
+            return tuple(range(layers))
+        return tuple(i for i in range(layers) if (i + 1) % every)
 
     def _check_tensors(self) -> None:
         h = self.hyper
