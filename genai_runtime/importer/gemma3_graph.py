@@ -110,7 +110,7 @@ def build_gemma3_decoder(
 
     if progress:
         progress("token_embd.weight", linear.total)
-    embed_name = g.const("embed_tokens.weight", dequantize(model.tensor("token_embd.weight")))
+    embed_name = g.const("embed_tokens.weight", _dequantize_rows(model.tensor("token_embd.weight")))
     linear.dequantised.append("token_embd.weight (embedding table)")
     scale = g.const("embed_scale", np.array(np.sqrt(h.hidden), np.float32))
     x = g.op("Mul", [g.op("Gather", [embed_name, "input_ids"]), scale])
@@ -213,6 +213,17 @@ def build_gemma3_decoder(
     onnx_model.ir_version = IR_VERSION
     (out_dir / "model.onnx").write_bytes(onnx_model.SerializeToString())
     return BuildReport(tuple(linear.nbits), tuple(linear.dequantised))
+
+
+def _dequantize_rows(t: Any, chunk: int = 16384) -> np.ndarray:
+    """``dequantize`` for a large table, a block of rows at a time: the dequantiser's fp32
+    temporaries stay one block big instead of table-sized (262k x 640 for Gemma 3)."""
+    n_rows = int(np.prod(t.shape[1:]))
+    out = np.empty((n_rows, int(t.shape[0])), np.float32)
+    for start in range(0, n_rows, chunk):
+        part = dataclasses.replace(t, data=t.data[start : start + chunk])
+        out[start : start + chunk] = dequantize(part).reshape(-1, out.shape[1])
+    return out
 
 
 def _tied_head(g: GraphBuilder, x: str, embed_name: str, hidden: int, vocab: int) -> str:

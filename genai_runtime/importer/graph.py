@@ -44,9 +44,11 @@ class ExternalData:
 
         array = np.ascontiguousarray(array)
         pad = (-self.offset) % _ALIGN
-        raw = array.tobytes()
+        # Written from the array's own buffer: no bytes copy of a large table.
+        raw = memoryview(array.reshape(-1)).cast("B")
         with open(self.path, "ab") as f:
-            f.write(b"\0" * pad + raw)
+            f.write(b"\0" * pad)
+            f.write(raw)
         self.offset += pad
         proto = TensorProto()
         proto.name = name
