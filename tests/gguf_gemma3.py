@@ -55,7 +55,10 @@ def tiny_spm_vocab() -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def write_tiny_gemma3(path: Path, *, qtype: Q = Q.Q8_0, seed: int = 0) -> Path:
+def write_tiny_gemma3(
+    path: Path, *, qtype: Q = Q.Q8_0, seed: int = 0, softcaps: tuple[float, float] | None = None
+) -> Path:
+    """6 random layers quantised as ``qtype``; ``softcaps`` (attention, final) as Gemma 2 has."""
     t = TINY
     rng = np.random.default_rng(seed)
     tokens, types = tiny_spm_vocab()
@@ -71,6 +74,9 @@ def write_tiny_gemma3(path: Path, *, qtype: Q = Q.Q8_0, seed: int = 0) -> Path:
     w.add_rope_freq_base(1_000_000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_sliding_window(WINDOW)
+    if softcaps:
+        w.add_attn_logit_softcapping(softcaps[0])
+        w.add_final_logit_softcapping(softcaps[1])
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -165,6 +171,7 @@ def numpy_gemma3_logits(
     eps = m(f"{a}.attention.layer_norm_rms_epsilon")
     window = window or m(f"{a}.attention.sliding_window")
     global_base = m(f"{a}.rope.freq_base")
+    attn_cap, final_cap = m(f"{a}.attn_logit_softcapping"), m(f"{a}.final_logit_softcapping")
     embed = weights("token_embd.weight", np.float32)
     x = embed[np.asarray(ids)].astype(np.float64) * np.sqrt(embed.shape[1])
     seq = len(ids)
@@ -184,7 +191,10 @@ def numpy_gemma3_logits(
         q, k = _rope_neox(q, base), _rope_neox(k, base)
         rep = heads // kv_heads
         k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + (windowed if local else causal)
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd)
+        if attn_cap:
+            scores = attn_cap * np.tanh(scores / attn_cap)
+        scores = scores + (windowed if local else causal)
         scores = np.exp(scores - scores.max(-1, keepdims=True))
         probs = scores / scores.sum(-1, keepdims=True)
         attn = np.einsum("hqk,khd->qhd", probs, v).reshape(seq, heads * hd)
@@ -197,7 +207,8 @@ def numpy_gemma3_logits(
         x = x + _rms(y, weights(p + "post_ffw_norm.weight"), eps)
     x = _rms(x, weights("output_norm.weight"), eps)
     # Vocab in chunks: the real table is 262k rows.
-    return np.concatenate(
+    logits = np.concatenate(
         [x @ embed[s : s + 32768].T.astype(np.float64) for s in range(0, len(embed), 32768)],
         axis=1,
     )
+    return final_cap * np.tanh(logits / final_cap) if final_cap else logits

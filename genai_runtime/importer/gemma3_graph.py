@@ -57,11 +57,6 @@ class _Linear:
         )
 
 
-def sliding_layers(model: GGUFModel) -> list[int]:
-    """Indices of the layers that attend through the sliding window."""
-    return list(model.hyper.local_layers)
-
-
 def build_gemma3_decoder(
     model: GGUFModel,
     out_dir: Path,
@@ -99,14 +94,11 @@ def build_gemma3_decoder(
         to=6,
     )
     # Global layers: the GGUF's rope base and scaling; local layers: the family's base, unscaled.
-    rope = {False: rope_cos_sin(h, h.context_length)}
     local_h = dataclasses.replace(h, rope_base=fam.local_rope_base, rope_linear_factor=1.0)
-    rope[True] = rope_cos_sin(local_h, h.context_length)
-    caches = {
-        local: (g.const(f"cos_cache_{tag}", cos), g.const(f"sin_cache_{tag}", sin))
-        for local, tag in ((False, "global"), (True, "local"))
-        for cos, sin in [rope[local]]
-    }
+    caches = {}  # is local -> (cos, sin) table names
+    for local, hyper, tag in ((False, h, "global"), (True, local_h, "local")):
+        cos, sin = rope_cos_sin(hyper, h.context_length)
+        caches[local] = (g.const(f"cos_cache_{tag}", cos), g.const(f"sin_cache_{tag}", sin))
 
     if progress:
         progress("token_embd.weight", linear.total)
@@ -244,10 +236,9 @@ def _tied_head(g: GraphBuilder, x: str, embed_name: str, hidden: int, vocab: int
 
 def genai_config_extras(model: GGUFModel) -> dict[str, Any]:
     """What ``genai_config.json`` needs beyond the llama form (nothing for llama itself): the
-    family's model type and the sliding
-    window's layers (the reference builder's CPU form, so onnxruntime-genai sizes those caches
-    to the window as the graph's ``sliding_window_cache`` expects)."""
-    layers = sliding_layers(model)
+    family's model type and the sliding window's layers (the reference builder's CPU form, so
+    onnxruntime-genai sizes those caches to the window as ``sliding_window_cache`` expects)."""
+    layers = list(model.hyper.local_layers)
     decoder: dict[str, Any] = {}
     if layers:
         decoder["sliding_window"] = {

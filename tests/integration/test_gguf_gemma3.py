@@ -49,14 +49,18 @@ def stepwise_logits(folder: Path, ids: list[int], first: int = 3) -> np.ndarray:
 def tiny(tmp_path_factory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("gemma3")
     out = {}
-    for name, qtype, dtype in [("q8_0-fp32", G.Q.Q8_0, "fp32"), ("q4_0-auto", G.Q.Q4_0, "auto")]:
-        path = G.write_tiny_gemma3(base / f"{name}.gguf", qtype=qtype)
+    for name, qtype, dtype, caps in [
+        ("q8_0-fp32", G.Q.Q8_0, "fp32", None),
+        ("q4_0-auto", G.Q.Q4_0, "auto", None),
+        ("softcap", G.Q.Q8_0, "fp32", (1.5, 3.0)),  # small caps, so they bite
+    ]:
+        path = G.write_tiny_gemma3(base / f"{name}.gguf", qtype=qtype, softcaps=caps)
         out[name + ".gguf"] = path
         out[name] = import_gguf(path, base / name, dtype=dtype).out_dir
     return out
 
 
-@pytest.mark.parametrize("name", ["q8_0-fp32", "q4_0-auto"])
+@pytest.mark.parametrize("name", ["q8_0-fp32", "q4_0-auto", "softcap"])
 def test_tiny_gemma3_logits_match_numpy_forward_past_the_window(tiny, name):
     ref = G.numpy_gemma3_logits(G.GemmaWeights(tiny[name + ".gguf"]), TINY_IDS)[2:]
     got = stepwise_logits(tiny[name], TINY_IDS)
