@@ -246,3 +246,20 @@ def test_gemma3_270m_tokenizer_equals_reference_export(gemma_gguf):
         assert a == b, s
         assert ours.decode(a) == ref.decode(b), s
         assert ours.decode(a, skip_special_tokens=False) == ref.decode(b, skip_special_tokens=False)
+
+
+def test_gemma3_tensors_are_checked_and_architectures_listed(tmp_path):
+    from genai_runtime.errors import ModelError, UnsupportedError
+
+    path = G.write_tiny_gemma3(tmp_path / "m.gguf")
+    data = path.read_bytes()
+    # Same-length renames in the header keep the file well-formed.
+    path.write_bytes(data.replace(b"blk.3.post_ffw_norm.weight", b"blk.3.post_ffx_norm.weight"))
+    with pytest.raises(ModelError, match=r"tensor 'blk\.3\.post_ffw_norm\.weight' is missing"):
+        import_gguf(path, tmp_path / "out")
+    path.write_bytes(data.replace(b"gemma3", b"gemmaX"))
+    with pytest.raises(
+        UnsupportedError, match=r"'gemmaX' is not supported; supported: gemma3, llama"
+    ):
+        import_gguf(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
