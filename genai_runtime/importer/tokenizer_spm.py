@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ModelError
 from .gguf_file import Vocab
 
 CONTROL, USER_DEFINED = 3, 4
@@ -50,6 +51,12 @@ def spm_merges(tokens: list[str]) -> list[list[str]]:
 def spm_tokenizer_json(vocab: Vocab, source: str) -> dict[str, Any]:
     """The tokenizers-library document for a SentencePiece-style GGUF vocabulary."""
     tokens = [_spell(t) for t in vocab.tokens]
+    for key, tid in (("bos", vocab.bos_id), ("eos", vocab.eos_id), ("unknown", vocab.unk_id)):
+        if tid is not None and not 0 <= tid < len(tokens):
+            raise ModelError(
+                f"{source}: tokenizer.ggml.{key}_token_id is {tid}, outside the vocabulary of "
+                f"{len(tokens)} tokens"
+            )
     added = [
         {
             "id": i,

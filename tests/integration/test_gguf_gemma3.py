@@ -9,6 +9,7 @@ without it those tests skip.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -263,3 +264,13 @@ def test_gemma3_tensors_are_checked_and_architectures_listed(tmp_path):
     ):
         import_gguf(path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_spm_vocabulary_with_an_out_of_range_special_id_is_named(tmp_path):
+    from genai_runtime.errors import ModelError
+    from genai_runtime.importer.tokenizer_spm import spm_tokenizer_json
+
+    vocab = GGUFModel(G.write_tiny_gemma3(tmp_path / "m.gguf")).vocab()
+    bad = dataclasses.replace(vocab, unk_id=len(vocab.tokens))
+    with pytest.raises(ModelError, match=r"m\.gguf: tokenizer\.ggml\.unknown_token_id is \d+"):
+        spm_tokenizer_json(bad, str(tmp_path / "m.gguf"))
