@@ -127,11 +127,17 @@ def import_gguf(
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
+        share = CACHE_LAYOUTS[cache]
         report = DECODERS[model.family.block](
-            model, tmp, dtype=dtype, accuracy_level=accuracy_level, progress=progress
+            model,
+            tmp,
+            dtype=dtype,
+            accuracy_level=accuracy_level,
+            progress=progress,
+            share_buffer=share,
         )
-        config = genai_config(model.hyper, vocab, CACHE_LAYOUTS[cache])
-        extras = genai_config_extras(model)
+        config = genai_config(model.hyper, vocab, share)
+        extras = genai_config_extras(model, share)
         config["model"].update(extras["model"])
         config["model"]["decoder"].update(extras["decoder"])
         files = {

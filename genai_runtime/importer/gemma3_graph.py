@@ -64,8 +64,13 @@ def build_gemma3_decoder(
     dtype: str = "auto",
     accuracy_level: int = 0,
     progress: Callable[[str, int], None] | None = None,
+    share_buffer: bool = True,
 ) -> BuildReport:
-    """Write ``model.onnx`` + ``model.onnx.data`` for a Gemma 3 GGUF into ``out_dir``."""
+    """Write ``model.onnx`` + ``model.onnx.data`` for a Gemma 3 GGUF into ``out_dir``.
+
+    With ``share_buffer`` the local layers keep window-sized caches (``sliding_window_cache``);
+    without it (``--cache concat``) every cache grows and the window is only a mask, since the
+    kernel's windowed cache needs a preallocated buffer."""
     from onnx import TensorProto, helper
 
     h, fam = model.hyper, model.family
@@ -142,7 +147,7 @@ def build_gemma3_decoder(
         for name in (present_k, present_v):
             outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, present_shape))
         attrs: dict[str, Any] = {"local_window_size": h.sliding_window if local else -1}
-        if local:
+        if local and share_buffer:
             # Window-sized past/present buffers for this layer; the kernel evicts inside them.
             attrs["sliding_window_cache"] = 1
         if h.attn_softcap:
@@ -234,13 +239,13 @@ def _tied_head(g: GraphBuilder, x: str, embed_name: str, hidden: int, vocab: int
     return g.op("Reshape", [logits2d, shape])
 
 
-def genai_config_extras(model: GGUFModel) -> dict[str, Any]:
+def genai_config_extras(model: GGUFModel, share_buffer: bool = True) -> dict[str, Any]:
     """What ``genai_config.json`` needs beyond the llama form (nothing for llama itself): the
     family's model type and the sliding window's layers (the reference builder's CPU form, so
     onnxruntime-genai sizes those caches to the window as ``sliding_window_cache`` expects)."""
     layers = list(model.hyper.local_layers)
     decoder: dict[str, Any] = {}
-    if layers:
+    if layers and share_buffer:
         decoder["sliding_window"] = {
             "window_size": model.hyper.sliding_window,
             "slide_key_value_cache": False,

@@ -114,6 +114,7 @@ def build_decoder(
     dtype: str = "auto",
     accuracy_level: int = 0,
     progress: Callable[[str, int], None] | None = None,
+    share_buffer: bool = True,  # the same llama graph serves both layouts
 ) -> BuildReport:
     """Write ``model.onnx`` + ``model.onnx.data`` for ``model`` into ``out_dir``.
 

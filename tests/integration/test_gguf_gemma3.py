@@ -58,10 +58,13 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
         path = G.write_tiny_gemma3(base / f"{name}.gguf", qtype=qtype, softcaps=caps)
         out[name + ".gguf"] = path
         out[name] = import_gguf(path, base / name, dtype=dtype).out_dir
+    # The concat layout: growing caches, the window only a mask.
+    out["concat.gguf"] = out["q8_0-fp32.gguf"]
+    out["concat"] = import_gguf(out["concat.gguf"], base / "concat", cache="concat").out_dir
     return out
 
 
-@pytest.mark.parametrize("name", ["q8_0-fp32", "q4_0-auto", "softcap"])
+@pytest.mark.parametrize("name", ["q8_0-fp32", "q4_0-auto", "softcap", "concat"])
 def test_tiny_gemma3_logits_match_numpy_forward_past_the_window(tiny, name):
     ref = G.numpy_gemma3_logits(G.GemmaWeights(tiny[name + ".gguf"]), TINY_IDS)[2:]
     got = stepwise_logits(tiny[name], TINY_IDS)
@@ -100,23 +103,25 @@ def test_tiny_gemma3_configs_and_graph(tiny):
     assert {"cos_cache_local", "cos_cache_global"} <= inits
 
 
-def test_tiny_gemma3_reference_runtime_generates_the_same_tokens(tiny):
+def greedy_tokens(api, folder: Path, ids: list[int], new: int) -> list[int]:
+    model = api.Model(str(folder))
+    params = api.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + new, do_sample=False)
+    gen = api.Generator(model, params)
+    gen.append_tokens(np.asarray(ids, np.int32))
+    while not gen.is_done():
+        gen.generate_next_token()
+    return gen.get_sequence(0)[len(ids) :].tolist()
+
+
+def test_tiny_gemma3_both_runtimes_and_layouts_generate_the_same_tokens(tiny):
     ort_genai = pytest.importorskip("onnxruntime_genai")
-    folder = tiny["q8_0-fp32"]
     ids = TINY_IDS[:8]
-    outs = []
-    for api in (og, ort_genai):
-        model = api.Model(str(folder))
-        params = api.GeneratorParams(model)
-        params.set_search_options(max_length=len(ids) + 12, do_sample=False)
-        gen = api.Generator(model, params)
-        gen.append_tokens(np.asarray(ids, np.int32))
-        toks = []
-        while not gen.is_done():
-            gen.generate_next_token()
-            toks.append(int(gen.get_next_tokens()[0]))
-        outs.append(toks)
-    assert outs[0] == outs[1] and len(outs[0]) == 12
+    ours = greedy_tokens(og, tiny["q8_0-fp32"], ids, 12)
+    assert len(ours) == 12
+    assert greedy_tokens(ort_genai, tiny["q8_0-fp32"], ids, 12) == ours
+    for api in (og, ort_genai):  # concat: growing caches, the window only a mask
+        assert greedy_tokens(api, tiny["concat"], ids, 12) == ours, api.__name__
 
 
 def test_tiny_spm_tokenizer(tiny):
