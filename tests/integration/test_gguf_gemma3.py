@@ -279,3 +279,13 @@ def test_spm_vocabulary_with_an_out_of_range_special_id_is_named(tmp_path):
     bad = dataclasses.replace(vocab, unk_id=len(vocab.tokens))
     with pytest.raises(ModelError, match=r"m\.gguf: tokenizer\.ggml\.unknown_token_id is \d+"):
         spm_tokenizer_json(bad, str(tmp_path / "m.gguf"))
+
+
+def test_unknown_tokenizer_model_lists_the_supported_ones(tmp_path):
+    from genai_runtime.errors import UnsupportedError
+
+    vocab = GGUFModel(G.write_tiny_gemma3(tmp_path / "m.gguf")).vocab()
+    with pytest.raises(
+        UnsupportedError, match=r"model 'bert' is not supported; supported: gpt2, llama"
+    ):
+        tokenizer_json(dataclasses.replace(vocab, model="bert"), "m.gguf")
