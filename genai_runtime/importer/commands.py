@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
@@ -141,5 +142,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
         bars.close()
     state = "pulled" if fresh else "already pulled"
     print(f"{state}: {args.name} -> {out}", file=sys.stderr)
-    print(f'next: genai-runtime run {args.name} --chat -p "Hello"', file=sys.stderr)
+    # A GGUF without a chat template (e.g. a base model) gets a plain-prompt hint, BOS written
+    # out when the model wants one (encode adds none by default, as the reference's).
+    cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    bos = cfg.get("bos_token", "") if cfg.get("add_bos_token") else ""
+    hint = '--chat -p "Hello"' if "chat_template" in cfg else f'-p "{bos}Paris is the capital of"'
+    print(f"next: genai-runtime run {args.name} {hint}", file=sys.stderr)
     return 0

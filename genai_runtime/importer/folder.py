@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import GenaiRuntimeError
+from ..errors import GenaiRuntimeError, UnsupportedError
+from .gemma3_graph import build_gemma3_decoder, genai_config_extras
 from .gguf_file import GGUFModel, Hyper, Vocab
 from .graph import DTYPES, build_decoder
 from .tokenizer_json import tokenizer_config, tokenizer_json
@@ -31,6 +32,8 @@ REPORT_FILE = "gguf_import.json"
 # faster kernels on onnxruntime 1.31, but greedy text departs from the exact weights' on most
 # prompts (benchmarks/gguf_import_parity.py).
 ACCURACY_LEVELS = ("0", "4")
+# Family.block -> the graph builder for that decoder block.
+DECODERS: dict[str, Callable[..., Any]] = {"llama": build_decoder, "gemma3": build_gemma3_decoder}
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,11 @@ def import_gguf(
     model = GGUFModel(gguf_path)
     static = None
     if cache == "static-scatter":
+        if DECODERS[model.family.block] is not build_decoder:
+            raise UnsupportedError(
+                f"--cache static-scatter builds llama-family graphs; {model.arch} has its own "
+                "graph builder (use share-buffer or concat)"
+            )
         static = max_seq_len or min(DEFAULT_MAX_SEQ_LEN, model.hyper.context_length)
         if static > model.hyper.context_length:
             raise GenaiRuntimeError(
@@ -174,15 +182,21 @@ def import_gguf(
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
-        report = build_decoder(
+        share = CACHE_LAYOUTS[cache]
+        layout = {"static_scatter": static} if static else {}
+        report = DECODERS[model.family.block](
             model,
             tmp,
             dtype=dtype,
             accuracy_level=accuracy_level,
-            static_scatter=static,
             progress=progress,
+            share_buffer=share,
+            **layout,
         )
         v1 = genai_config(model.hyper, vocab, cache, static)
+        extras = genai_config_extras(model, share)
+        v1["model"].update(extras["model"])
+        v1["model"]["decoder"].update(extras["decoder"])
         files = {
             "genai_config.json": v1,
             V2_FILE: v2_config(v1),

@@ -28,11 +28,33 @@ class Family:
     # llama.cpp's converter permutes Q/K rows for GGML's adjacent-pair rope; we undo it so the
     # graph uses the half-split rotary layout the reference builder writes.
     unpermute_qk: bool
+    # Which decoder block the graph builder writes (folder.DECODERS): "llama" or "gemma3"
+    # (q/k norms, pre+post norms, scaled embedding, GELU-tanh MLP, local/global layers).
+    block: str = "llama"
+    # Per-layer norm tensors beyond the llama set, [hidden] and [head_size] wide.
+    extra_norms: tuple[str, ...] = ()
+    head_norms: tuple[str, ...] = ()
+    # Local/global attention: every `global_every`-th layer attends globally, the others through
+    # `{arch}.attention.sliding_window` tokens with rope base `local_rope_base`. llama.cpp fixes
+    # both per architecture; the GGUF does not store them.
+    global_every: int = 0
+    local_rope_base: float = 10000.0
+    # genai_config.json `model.type` (onnxruntime-genai picks its processor by it).
+    genai_type: str | None = None
 
 
 # One entry per GGUF `general.architecture` we can build; a miss lists these keys.
 FAMILIES: dict[str, Family] = {
     "llama": Family(unpermute_qk=True),
+    "gemma3": Family(
+        unpermute_qk=False,  # converted without the llama permutation (NEOX-style rope)
+        block="gemma3",
+        extra_norms=("post_attention_norm.weight", "post_ffw_norm.weight"),
+        head_norms=("attn_q_norm.weight", "attn_k_norm.weight"),
+        global_every=6,
+        local_rope_base=10000.0,
+        genai_type="gemma3_text",
+    ),
 }
 
 
@@ -54,6 +76,10 @@ class Hyper:
     rope_dim: int
     rope_linear_factor: float
     tied_embeddings: bool
+    sliding_window: int = 0  # 0: every layer attends globally
+    local_layers: tuple[int, ...] = ()  # the layers that attend through the sliding window
+    final_softcap: float = 0.0  # 0: none (`{arch}.final_logit_softcapping`)
+    attn_softcap: float = 0.0  # 0: none (`{arch}.attn_logit_softcapping`)
 
 
 @dataclass(frozen=True)
@@ -238,9 +264,11 @@ class GGUFModel:
                 f"{self.path}: rope scaling {scaling!r} is not supported; supported: linear, none"
             )
         factor = float(self.meta(f"{a}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+        layers = int(self.meta(f"{a}.block_count"))
+        window = int(self.meta(f"{a}.attention.sliding_window", 0))
         return Hyper(
             arch=a,
-            layers=int(self.meta(f"{a}.block_count")),
+            layers=layers,
             hidden=hidden,
             intermediate=int(self.meta(f"{a}.feed_forward_length")),
             heads=heads,
@@ -253,7 +281,28 @@ class GGUFModel:
             rope_dim=int(self.meta(f"{a}.rope.dimension_count", head_size)),
             rope_linear_factor=factor,
             tied_embeddings="output.weight" not in self.tensors,
+            sliding_window=window,
+            # Only families whose block builds local attention get local layers.
+            local_layers=self._local_layers(layers) if window and self.family.global_every else (),
+            final_softcap=float(self.meta(f"{a}.final_logit_softcapping", 0.0)),
+            attn_softcap=float(self.meta(f"{a}.attn_logit_softcapping", 0.0)),
         )
+
+    def _local_layers(self, layers: int) -> tuple[int, ...]:
+        """Sliding-window layers: from ``{arch}.attention.sliding_window_pattern`` (every Nth
+        layer global, or one flag per layer) when the file has it, else the family's pattern."""
+        pattern = self.meta(f"{self.arch}.attention.sliding_window_pattern", None)
+        if isinstance(pattern, list):
+            if len(pattern) != layers:
+                raise ModelError(
+                    f"{self.path}: {self.arch}.attention.sliding_window_pattern has "
+                    f"{len(pattern)} flags for {layers} layers"
+                )
+            return tuple(i for i, local in enumerate(pattern) if local)
+        every = int(pattern) if pattern is not None else self.family.global_every
+        if every <= 0:  # llama.cpp: pattern 0 means every layer is local
+            return tuple(range(layers))
+        return tuple(i for i in range(layers) if (i + 1) % every)
 
     def _check_tensors(self) -> None:
         h = self.hyper
@@ -271,6 +320,8 @@ class GGUFModel:
                 p + "ffn_up.weight": (h.hidden, h.intermediate),
                 p + "ffn_down.weight": (h.intermediate, h.hidden),
             }
+            want |= {p + n: (h.hidden,) for n in self.family.extra_norms}
+            want |= {p + n: (h.head_size,) for n in self.family.head_norms}
         if not h.tied_embeddings:
             want["output.weight"] = (h.hidden, h.vocab)
         problems = []

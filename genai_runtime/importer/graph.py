@@ -53,9 +53,11 @@ class ExternalData:
 
         array = np.ascontiguousarray(array)
         pad = (-self.offset) % _ALIGN
-        raw = array.tobytes()
+        # Written from the array's own buffer: no bytes copy of a large table.
+        raw = memoryview(array.reshape(-1)).cast("B")
         with open(self.path, "ab") as f:
-            f.write(b"\0" * pad + raw)
+            f.write(b"\0" * pad)
+            f.write(raw)
         self.offset += pad
         proto = TensorProto()
         proto.name = name
@@ -122,6 +124,7 @@ def build_decoder(
     accuracy_level: int = 0,
     static_scatter: int | None = None,
     progress: Callable[[str, int], None] | None = None,
+    share_buffer: bool = True,  # the same llama graph serves both layouts
 ) -> BuildReport:
     """Write ``model.onnx`` + ``model.onnx.data`` for ``model`` into ``out_dir``.
 

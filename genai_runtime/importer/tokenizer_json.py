@@ -7,10 +7,12 @@ splitting rule the original tokenizer used. Control tokens become special added 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import UnsupportedError
 from .gguf_file import Vocab
+from .tokenizer_spm import spm_tokenizer_json
 
 CONTROL, USER_DEFINED = 3, 4
 
@@ -38,16 +40,20 @@ PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
         ],
     },
 }
-TOKENIZER_MODELS = ("gpt2",)
 
 
 def tokenizer_json(vocab: Vocab, source: str) -> dict[str, Any]:
-    """The tokenizers-library document for a byte-level BPE GGUF vocabulary."""
+    """The tokenizers-library document for the GGUF vocabulary (by ``tokenizer.ggml.model``)."""
     if vocab.model not in TOKENIZER_MODELS:
         raise UnsupportedError(
             f"{source}: GGUF tokenizer model {vocab.model!r} is not supported; "
             f"supported: {', '.join(TOKENIZER_MODELS)}"
         )
+    return TOKENIZER_MODELS[vocab.model](vocab, source)
+
+
+def byte_level_bpe_json(vocab: Vocab, source: str) -> dict[str, Any]:
+    """The document for a byte-level BPE vocabulary (``gpt2``: pieces and merges as stored)."""
     if vocab.pre not in PRE_TOKENIZERS:
         raise UnsupportedError(
             f"{source}: GGUF pre-tokenizer {vocab.pre!r} is not supported; "
@@ -103,6 +109,13 @@ def tokenizer_json(vocab: Vocab, source: str) -> dict[str, Any]:
             "merges": [m.split(" ", 1) for m in vocab.merges],
         },
     }
+
+
+# tokenizer.ggml.model -> its writer; "llama" is SentencePiece-style (tokenizer_spm.py).
+TOKENIZER_MODELS: dict[str, Callable[[Vocab, str], dict[str, Any]]] = {
+    "gpt2": byte_level_bpe_json,
+    "llama": spm_tokenizer_json,
+}
 
 
 def _special(vocab: Vocab, tid: int, special: dict[str, Any]) -> dict[str, Any]:

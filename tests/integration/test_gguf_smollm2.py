@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import require_shared
+from varied_strings import varied_strings
 
 import genai_runtime as og
 from genai_runtime.importer import import_gguf
@@ -102,87 +103,13 @@ def test_fp32_graph_logits_match_numpy_forward(imported, gguf_path):
     assert np.abs(got - ref).max() <= 1e-3, np.abs(got - ref).max()
 
 
-def _varied_strings(n: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
-    pieces = [
-        "hello",
-        " world",
-        "The",
-        " quick",
-        " brown",
-        "fox",
-        "don't",
-        "I'm",
-        "we'll",
-        "123",
-        " 4567",
-        "3.14159",
-        "1,000,000",
-        "0x1F",
-        "v2.0.1",
-        "café",
-        " naïve",
-        "Ünïcödé",
-        "straße",
-        "日本語",
-        "中文字符",
-        "한국어",
-        "Привет",
-        "مرحبا",
-        "שלום",
-        "ελληνικά",
-        "🙂",
-        "👍🏽",
-        "🇫🇷",
-        "∑∫√",
-        "€£¥",
-        "—",
-        "…",
-        "def f(x):\n    return x ** 2\n",
-        "if (a && b) { c++; }",
-        '<div class="a">',
-        "#include",
-        "SELECT * FROM t;",
-        "λx.x",
-        "`code`",
-        "**bold**",
-        "http://example.com/a?b=c",
-        " ",
-        "  ",
-        "    ",
-        "\t",
-        "\t\t",
-        "\n",
-        "\n\n",
-        "\r\n",
-        " \n ",
-        "\u00a0",
-        "\u200b",
-        "\u3000",
-        "<|im_start|>",
-        "<|im_end|>",
-        "<|endoftext|>",
-        "<reponame>",
-        "<|im_start",
-    ]
-    out = []
-    for _ in range(n):
-        k = int(rng.integers(1, 12))
-        parts = [pieces[int(i)] for i in rng.integers(0, len(pieces), k)]
-        if rng.random() < 0.3:  # random code points, surrogates excluded
-            cps = rng.integers(0x20, 0x2FFF, int(rng.integers(1, 6)))
-            parts.append("".join(chr(int(c)) for c in cps if not 0xD800 <= c < 0xE000))
-        out.append("".join(parts))
-    return out
-
-
 def test_tokenizer_from_gguf_equals_shared_tokenizer_json(gguf_path):
     shared = require_shared("models", "smollm2-135m-instruct-int4", "tokenizer.json")
     ref = tokenizers.Tokenizer.from_file(str(shared))
     ours = tokenizers.Tokenizer.from_str(
         json.dumps(tokenizer_json(GGUFModel(gguf_path).vocab(), "x"))
     )
-    strings = _varied_strings(1000)
+    strings = varied_strings(1000)
     assert len(set(strings)) > 950
     for s in strings:
         a, b = ours.encode(s).ids, ref.encode(s).ids

@@ -1,0 +1,257 @@
+"""The Gemma 3 decoder as an ONNX graph, written with ``onnx.helper``.
+
+Same inputs, outputs and KV layout as the llama graph (``graph.py``), so both runtimes load it.
+What differs, per layer: RMSNorm -> Q/K/V -> per-head RMSNorm on Q and K -> GroupQueryAttention
+(rotary inside; local layers attend through a sliding window with their own rope base) -> output
+projection -> RMSNorm -> residual -> RMSNorm -> GELU-tanh gated MLP -> RMSNorm -> residual.
+The token embedding is scaled by sqrt(hidden); the lm_head is the (unscaled) embedding table.
+
+Gemma's RMSNorm multiplies by ``1 + w``; llama.cpp's converter stores ``w + 1`` in the GGUF (and
+transformers' GGUF loader subtracts the 1 again), so the stored weights are used as they are.
+Local layers use GroupQueryAttention's ``local_window_size`` with ``sliding_window_cache``, as the
+reference builder writes for CPU, and ``genai_config.json`` lists them under
+``decoder.sliding_window`` so both runtimes size those layers' caches to the window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .gguf_file import GGUFModel, rope_cos_sin
+from .graph import DATA_FILE, IR_VERSION, OPSET, BuildReport, ExternalData, GraphBuilder
+from .graph import _matmul_nbits as matmul_nbits
+from .weights import Blocks, check_type, dequantize, to_blocks
+
+
+@dataclasses.dataclass
+class _Linear:
+    """x @ W.T for GGUF weights, MatMulNBits when every stacked part maps, else fp32 MatMul."""
+
+    model: GGUFModel
+    g: GraphBuilder
+    dtype: str
+    accuracy_level: int
+    total: int
+    progress: Callable[[str, int], None] | None
+    nbits: list[str] = dataclasses.field(default_factory=list)
+    dequantised: list[str] = dataclasses.field(default_factory=list)
+
+    def __call__(self, x: str, names: list[str], onnx_name: str) -> str:
+        tensors = [self.model.tensor(n) for n in names]
+        for n in names:
+            if self.progress:
+                self.progress(n, self.total)
+        blocks = [to_blocks(t) if self.dtype == "auto" else None for t in tensors]
+        if all(b is not None for b in blocks):
+            self.nbits.extend(names)
+            return matmul_nbits(self.g, x, Blocks.stack(blocks), onnx_name, self.accuracy_level)
+        w = np.concatenate([dequantize(t) for t in tensors], axis=0)
+        self.dequantised.extend(names)
+        return self.g.op(
+            "MatMul", [x, self.g.const(onnx_name + ".weight", np.ascontiguousarray(w.T))]
+        )
+
+
+def build_gemma3_decoder(
+    model: GGUFModel,
+    out_dir: Path,
+    *,
+    dtype: str = "auto",
+    accuracy_level: int = 0,
+    progress: Callable[[str, int], None] | None = None,
+    share_buffer: bool = True,
+) -> BuildReport:
+    """Write ``model.onnx`` + ``model.onnx.data`` for a Gemma 3 GGUF into ``out_dir``.
+
+    With ``share_buffer`` the local layers keep window-sized caches (``sliding_window_cache``);
+    without it (``--cache concat``) every cache grows and the window is only a mask, since the
+    kernel's windowed cache needs a preallocated buffer."""
+    from onnx import TensorProto, helper
+
+    h, fam = model.hyper, model.family
+    for t in model.tensors.values():
+        check_type(t, str(model.path))
+    g = GraphBuilder(ExternalData(out_dir / DATA_FILE))
+    linear = _Linear(model, g, dtype, accuracy_level, 1 + 7 * h.layers, progress)
+
+    def norm(x: str, gguf_name: str, onnx_name: str) -> str:
+        w = g.const(onnx_name, dequantize(model.tensor(gguf_name)))
+        return g.op("SimplifiedLayerNormalization", [x, w], epsilon=h.rms_eps, axis=-1)
+
+    def head_norm(x: str, heads: int, gguf_name: str, onnx_name: str) -> str:
+        # RMSNorm over each head's head_size values: [B, S, heads*hd] -> [B, S, heads, hd].
+        split = g.const(f"heads_{heads}", np.array([0, 0, heads, h.head_size], np.int64))
+        y = norm(g.op("Reshape", [x, split]), gguf_name, onnx_name)
+        flat = g.const(f"flat_{heads}", np.array([0, 0, heads * h.head_size], np.int64))
+        return g.op("Reshape", [y, flat])
+
+    one = g.const("one_i64", np.array([1], np.int64))
+    lengths = g.op("ReduceSum", ["attention_mask", one], keepdims=0)
+    seqlens = g.op("Cast", [g.op("Sub", [lengths, one])], to=6)
+    total_len = g.op(
+        "Cast",
+        [g.op("Gather", [g.op("Shape", ["attention_mask"]), g.const("idx1", np.array(1))])],
+        to=6,
+    )
+    # Global layers: the GGUF's rope base and scaling; local layers: the family's base, unscaled.
+    local_h = dataclasses.replace(h, rope_base=fam.local_rope_base, rope_linear_factor=1.0)
+    caches = {}  # is local -> (cos, sin) table names
+    for local, hyper, tag in ((False, h, "global"), (True, local_h, "local")):
+        cos, sin = rope_cos_sin(hyper, h.context_length)
+        caches[local] = (g.const(f"cos_cache_{tag}", cos), g.const(f"sin_cache_{tag}", sin))
+
+    if progress:
+        progress("token_embd.weight", linear.total)
+    embed_name = g.const("embed_tokens.weight", _dequantize_rows(model.tensor("token_embd.weight")))
+    linear.dequantised.append("token_embd.weight (embedding table)")
+    scale = g.const("embed_scale", np.array(np.sqrt(h.hidden), np.float32))
+    x = g.op("Mul", [g.op("Gather", [embed_name, "input_ids"]), scale])
+
+    q_dim, kv_dim = h.heads * h.head_size, h.kv_heads * h.head_size
+    split_qkv = g.const("split_qkv", np.array([q_dim, kv_dim, kv_dim], np.int64))
+    split_ffn = g.const("split_ffn", np.array([h.intermediate, h.intermediate], np.int64))
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "seq_len"]),
+        helper.make_tensor_value_info(
+            "attention_mask", TensorProto.INT64, ["batch_size", "total_seq_len"]
+        ),
+    ]
+    outputs = [
+        helper.make_tensor_value_info(
+            "logits", TensorProto.FLOAT, ["batch_size", "seq_len", h.vocab]
+        )
+    ]
+    past_shape = ["batch_size", h.kv_heads, "past_seq_len", h.head_size]
+    present_shape = ["batch_size", h.kv_heads, "total_seq_len", h.head_size]
+    for i in range(h.layers):
+        p, o = f"blk.{i}.", f"layers.{i}."
+        local = i in h.local_layers
+        attn_in = norm(x, p + "attn_norm.weight", o + "input_layernorm.weight")
+        qkv = linear(
+            attn_in,
+            [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+            o + "attn.qkv_proj",
+        )
+        q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)
+        q = head_norm(q, h.heads, p + "attn_q_norm.weight", o + "attn.q_norm.weight")
+        k = head_norm(k, h.kv_heads, p + "attn_k_norm.weight", o + "attn.k_norm.weight")
+        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        present_k, present_v = f"present.{i}.key", f"present.{i}.value"
+        for name in (past_k, past_v):
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, past_shape))
+        for name in (present_k, present_v):
+            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, present_shape))
+        attrs: dict[str, Any] = {"local_window_size": h.sliding_window if local else -1}
+        if local and share_buffer:
+            # Window-sized past/present buffers for this layer; the kernel evicts inside them.
+            attrs["sliding_window_cache"] = 1
+        if h.attn_softcap:
+            attrs["softcap"] = h.attn_softcap
+        attn = f"/layers.{i}/attn/output"
+        cos_name, sin_name = caches[local]
+        g.nodes.append(
+            helper.make_node(
+                "GroupQueryAttention",
+                [q, k, v, past_k, past_v, seqlens, total_len, cos_name, sin_name],
+                [attn, present_k, present_v],
+                name=f"/layers.{i}/attn/GroupQueryAttention",
+                domain="com.microsoft",
+                num_heads=h.heads,
+                kv_num_heads=h.kv_heads,
+                # llama.cpp scales by 1/sqrt(head_size) for Gemma 3 (query_pre_attn_scalar ==
+                # head_dim for every size but 27B, which the GGUF cannot tell us apart).
+                scale=float(h.head_size**-0.5),
+                do_rotary=1,
+                rotary_interleaved=0,
+                **attrs,
+            )
+        )
+        y = linear(attn, [p + "attn_output.weight"], o + "attn.o_proj")
+        x = g.op(
+            "Add",
+            [x, norm(y, p + "post_attention_norm.weight", o + "post_attention_layernorm.weight")],
+        )
+        mlp_in = norm(x, p + "ffn_norm.weight", o + "pre_feedforward_layernorm.weight")
+        gate_up = linear(mlp_in, [p + "ffn_gate.weight", p + "ffn_up.weight"], o + "mlp.gate_up")
+        gate, up = g.op("Split", [gate_up, split_ffn], n_out=2, axis=-1)
+        act = g.op("Mul", [g.op("Gelu", [gate], approximate="tanh"), up])
+        y = linear(act, [p + "ffn_down.weight"], o + "mlp.down_proj")
+        x = g.op(
+            "Add", [x, norm(y, p + "post_ffw_norm.weight", o + "post_feedforward_layernorm.weight")]
+        )
+    x = norm(x, "output_norm.weight", "final_norm.weight")
+
+    head = "token_embd.weight" if h.tied_embeddings else "output.weight"
+    head_blocks = to_blocks(model.tensor(head)) if dtype == "auto" else None
+    if head_blocks is not None:
+        logits = matmul_nbits(g, x, head_blocks, "lm_head", accuracy_level)
+        linear.nbits.append(head)
+    elif h.tied_embeddings:
+        logits = _tied_head(g, x, embed_name, h.hidden, h.vocab)
+        linear.dequantised.append("lm_head (tied: the embedding table)")
+    else:
+        logits = linear(x, [head], "lm_head")
+    if h.final_softcap:
+        cap = g.const("final_softcap", np.array(h.final_softcap, np.float32))
+        logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, cap])]), cap])
+    g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/lm_head/output"))
+
+    graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, g.initializers)
+    onnx_model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+        producer_name="genai_runtime.importer",
+    )
+    onnx_model.ir_version = IR_VERSION
+    (out_dir / "model.onnx").write_bytes(onnx_model.SerializeToString())
+    return BuildReport(tuple(linear.nbits), tuple(linear.dequantised))
+
+
+def _dequantize_rows(t: Any, chunk: int = 16384) -> np.ndarray:
+    """``dequantize`` for a large table, a block of rows at a time: the dequantiser's fp32
+    temporaries stay one block big instead of table-sized (262k x 640 for Gemma 3)."""
+    n_rows = int(np.prod(t.shape[1:]))
+    out = np.empty((n_rows, int(t.shape[0])), np.float32)
+    for start in range(0, n_rows, chunk):
+        part = dataclasses.replace(t, data=t.data[start : start + chunk])
+        out[start : start + chunk] = dequantize(part).reshape(-1, out.shape[1])
+    return out
+
+
+def _tied_head(g: GraphBuilder, x: str, embed_name: str, hidden: int, vocab: int) -> str:
+    """logits = x @ E.T with the embedding table itself (Gemm transB: no second copy on disk)."""
+    flat = g.op("Reshape", [x, g.const("flat_shape", np.array([-1, hidden], np.int64))])
+    logits2d = g.op("Gemm", [flat, embed_name], transB=1)
+    lead = g.op(
+        "Slice",
+        [
+            g.op("Shape", ["input_ids"]),
+            g.const("s0", np.array([0], np.int64)),
+            g.const("s2", np.array([2], np.int64)),
+        ],
+    )
+    shape = g.op("Concat", [lead, g.const("vocab_dim", np.array([vocab], np.int64))], axis=0)
+    return g.op("Reshape", [logits2d, shape])
+
+
+def genai_config_extras(model: GGUFModel, share_buffer: bool = True) -> dict[str, Any]:
+    """What ``genai_config.json`` needs beyond the llama form (nothing for llama itself): the
+    family's model type and the sliding window's layers (the reference builder's CPU form, so
+    onnxruntime-genai sizes those caches to the window as ``sliding_window_cache`` expects)."""
+    layers = list(model.hyper.local_layers)
+    decoder: dict[str, Any] = {}
+    if layers and share_buffer:
+        decoder["sliding_window"] = {
+            "window_size": model.hyper.sliding_window,
+            "slide_key_value_cache": False,
+            "slide_inputs": False,
+            "layers": layers,
+            "cache_slack": 0,
+        }
+    top = {"type": model.family.genai_type} if model.family.genai_type else {}
+    return {"model": top, "decoder": decoder}
