@@ -480,3 +480,18 @@ def test_fixed_shape_targets_refuse_speculation_and_all_position_logits(tmp_path
     (folder / "genai_config.json").write_text(json.dumps(doc))
     with pytest.raises(ModelError, match="fixed chunks of 4 tokens"):
         og.Model(folder)
+
+
+@pytest.mark.parametrize("layout", L.FIXED_SHAPE)
+def test_fixed_shape_second_turn_runs_in_chunks(tmp_path, w, layout) -> None:
+    """A multi-token append after generation (a chat turn) is chunked like a prompt."""
+    generator = _generator(og.Model(L.folder(tmp_path, layout, w)), max_length=L.CAPACITY)
+    generator.append_tokens(PROMPTS[0])
+    _step_and_check(generator, PROMPTS[:1], w, 3)
+    turn = [7, 3, 11, 2, 9, 4]  # 6 tokens (+ the pending one): two chunks of 4
+    generator.append_tokens(turn)
+    tokens = generator.get_sequence(0).tolist()
+    ref = L.reference_logits(tokens, w)[-1]
+    np.testing.assert_allclose(generator.get_logits()[0, 0], ref, atol=ATOL, rtol=0)
+    generator.generate_next_token()
+    assert generator.get_next_tokens().tolist() == [int(np.argmax(ref))]
