@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 
 from .gguf_file import GGUFModel, rope_cos_sin
-from .graph import DATA_FILE, IR_VERSION, OPSET, BuildReport, ExternalData, GraphBuilder
+from .graph import (
+    DATA_FILE,
+    IR_VERSION,
+    OPSET,
+    BuildReport,
+    ExternalData,
+    GraphBuilder,
+    group_query_attention,
+)
 from .graph import _matmul_nbits as matmul_nbits
 from .weights import Blocks, check_type, dequantize, to_blocks
 
@@ -154,20 +162,14 @@ def build_gemma3_decoder(
             attrs["softcap"] = h.attn_softcap
         attn = f"/layers.{i}/attn/output"
         cos_name, sin_name = caches[local]
+        # Scaled by 1/sqrt(head_size) as llama.cpp does for Gemma 3 (query_pre_attn_scalar ==
+        # head_dim for every size but 27B, which the GGUF cannot tell apart).
         g.nodes.append(
-            helper.make_node(
-                "GroupQueryAttention",
+            group_query_attention(
+                i,
                 [q, k, v, past_k, past_v, seqlens, total_len, cos_name, sin_name],
                 [attn, present_k, present_v],
-                name=f"/layers.{i}/attn/GroupQueryAttention",
-                domain="com.microsoft",
-                num_heads=h.heads,
-                kv_num_heads=h.kv_heads,
-                # llama.cpp scales by 1/sqrt(head_size) for Gemma 3 (query_pre_attn_scalar ==
-                # head_dim for every size but 27B, which the GGUF cannot tell us apart).
-                scale=float(h.head_size**-0.5),
-                do_rotary=1,
-                rotary_interleaved=0,
+                h,
                 **attrs,
             )
         )

@@ -287,21 +287,34 @@ class _GroupQueryAttention:
             outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, present_shape))
         attn = f"/layers.{i}/attn/output"
         self.g.nodes.append(
-            helper.make_node(
-                "GroupQueryAttention",
+            group_query_attention(
+                i,
                 [qkv, "", "", past_k, past_v, self.seqlens, self.total, self.cos, self.sin],
                 [attn, present_k, present_v],
-                name=f"/layers.{i}/attn/GroupQueryAttention",
-                domain="com.microsoft",
-                num_heads=h.heads,
-                kv_num_heads=h.kv_heads,
-                scale=float(h.head_size**-0.5),
-                do_rotary=1,
-                rotary_interleaved=0,
+                h,
                 local_window_size=-1,
             )
         )
         return attn
+
+
+def group_query_attention(i: int, inputs: list[str], outputs: list[str], h: Any, **attrs):
+    """Layer ``i``'s com.microsoft GroupQueryAttention node, rotary inside (half-split)."""
+    from onnx import helper
+
+    return helper.make_node(
+        "GroupQueryAttention",
+        inputs,
+        outputs,
+        name=f"/layers.{i}/attn/GroupQueryAttention",
+        domain="com.microsoft",
+        num_heads=h.heads,
+        kv_num_heads=h.kv_heads,
+        scale=float(h.head_size**-0.5),
+        do_rotary=1,
+        rotary_interleaved=0,
+        **attrs,
+    )
 
 
 class _StaticScatterAttention:

@@ -12,9 +12,8 @@ from typing import Any
 
 from ..errors import UnsupportedError
 from .gguf_file import Vocab
+from .tokenizer_parts import CONTROL, USER_DEFINED, added_token
 from .tokenizer_spm import spm_tokenizer_json
-
-CONTROL, USER_DEFINED = 3, 4
 
 _BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True}
 # The llama-3 / tiktoken-style split, then byte-level mapping without GPT-2's own regex.
@@ -60,15 +59,7 @@ def byte_level_bpe_json(vocab: Vocab, source: str) -> dict[str, Any]:
             f"supported: {', '.join(sorted(PRE_TOKENIZERS))}"
         )
     added = [
-        {
-            "id": i,
-            "content": tok,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": kind == CONTROL,
-        }
+        added_token(i, tok, kind)
         for i, (tok, kind) in enumerate(zip(vocab.tokens, vocab.token_types))
         if kind in (CONTROL, USER_DEFINED)
     ]

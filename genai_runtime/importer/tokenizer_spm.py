@@ -21,8 +21,8 @@ from typing import Any
 
 from ..errors import ModelError
 from .gguf_file import Vocab
+from .tokenizer_parts import CONTROL, USER_DEFINED, added_token
 
-CONTROL, USER_DEFINED = 3, 4
 SPACE = "\u2581"
 
 
@@ -58,15 +58,7 @@ def spm_tokenizer_json(vocab: Vocab, source: str) -> dict[str, Any]:
                 f"{len(tokens)} tokens"
             )
     added = [
-        {
-            "id": i,
-            "content": tok,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": kind == CONTROL,
-        }
+        added_token(i, tok, kind)
         for i, (tok, orig, kind) in enumerate(zip(tokens, vocab.tokens, vocab.token_types))
         if kind == CONTROL or (kind == USER_DEFINED and tok == orig)
     ]
