@@ -10,6 +10,7 @@ import onnxruntime as ort
 
 from ..config.spec import PipelineSpec, SessionOptionsSpec, SessionSpec
 from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError
+from . import prune
 from .graph_io import SessionIO
 
 # genai_config provider names -> onnxruntime execution providers.
@@ -73,7 +74,8 @@ def session_options(
     if spec.log_verbosity_level is not None:
         so.log_verbosity_level = spec.log_verbosity_level
     for key, value in spec.config_entries.items():
-        so.add_session_config_entry(key, value)
+        if key != prune.SETTING:  # ours, read by create_session; not an onnxruntime entry
+            so.add_session_config_entry(key, value)
     if spec.custom_ops_library:
         key = f"{where}.custom_ops_library"
         if not trust:
@@ -135,9 +137,19 @@ def create_session(
         raise ModelError(f"{where}.file: model file not found: {path}")
     options = session_options(spec.options, model_dir, trust, f"{where}.session_options")
     providers = providers_for(spec.options)
+    model: str | bytes = str(path)
+    if prune.wanted(dict(spec.options.config_entries)):
+        rewritten = _pruned(spec, path)
+        if rewritten is not None:
+            model = rewritten
+            # The bytes keep their external-data references; they resolve beside the file.
+            folder = str(path.parent)
+            options.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", folder
+            )
     try:
         return ort.InferenceSession(
-            str(path),
+            model,
             sess_options=options,
             providers=[name for name, _ in providers],
             provider_options=[opts for _, opts in providers],
@@ -145,6 +157,19 @@ def create_session(
     except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{where}.file: cannot load {path}: {reason}") from exc
+
+
+def _pruned(spec: SessionSpec, path: Path) -> bytes | None:
+    logits = spec.outputs.get("logits", "logits")
+    mask = spec.inputs.get("attention_mask", "attention_mask")
+    try:
+        return prune.pruned_model_bytes(path, logits, mask)
+    except GenaiRuntimeError:
+        raise
+    except Exception as exc:  # onnx's parse errors; the plain load reports them better
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = f"pipeline.sessions.{spec.name}.file"
+        raise ModelError(f"{where}: cannot edit {path}: {reason}") from exc
 
 
 def load_sessions(
