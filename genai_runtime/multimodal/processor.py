@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..audio import FeatureConfig, decode_audio, log_mel, resample
 from ..errors import GenerationError, ModelError, UnsupportedError
 from .inputs import Audios, Images
 from .tensors import NamedTensors
 
 if TYPE_CHECKING:
+    from ..audio import FeatureConfig
     from ..model import Model
 
 AUDIO_CONFIG = "audio_processor_config.json"
@@ -53,6 +53,8 @@ class MultiModalProcessor:
                     f"{path}: not found; the model folder has no audio processor config, so "
                     "audio cannot be turned into features"
                 )
+            from ..audio import FeatureConfig  # audio code loads only when audio is processed
+
             self._audio_config = FeatureConfig.from_file(path)
         return self._audio_config
 
@@ -90,6 +92,8 @@ class MultiModalProcessor:
 
     def features(self, data: bytes, name: str = "<bytes>") -> np.ndarray:
         """Log-mel features [n_mel, frames] for one encoded audio clip."""
+        from ..audio import decode_audio, log_mel, resample
+
         config = self.audio_config
         pcm, rate = decode_audio(data, name)
         return log_mel(resample(pcm, rate, config.sample_rate, name=name), config)
