@@ -289,3 +289,13 @@ def test_unknown_tokenizer_model_lists_the_supported_ones(tmp_path):
         UnsupportedError, match=r"model 'bert' is not supported; supported: gpt2, llama"
     ):
         tokenizer_json(dataclasses.replace(vocab, model="bert"), "m.gguf")
+
+
+def test_static_scatter_layout_is_llama_only(tiny, tmp_path):
+    from genai_runtime.errors import UnsupportedError
+
+    gguf = next(iter(tiny.values()))
+    with pytest.raises(UnsupportedError, match="static-scatter builds llama-family graphs"):
+        import_gguf(gguf, tmp_path / "static", cache="static-scatter")
+    assert not (tmp_path / "static").exists()
+    assert [p.name for p in tmp_path.iterdir()] == []  # no half-written folder either
