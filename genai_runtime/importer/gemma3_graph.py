@@ -30,39 +30,14 @@ from .graph import (
     BuildReport,
     ExternalData,
     GraphBuilder,
-    group_query_attention,
+    GroupQueryAttention,
+    Linear,
+    decoder_io,
+    lm_head,
+    rms_norm,
+    save_model,
 )
-from .graph import _matmul_nbits as matmul_nbits
-from .weights import Blocks, check_type, dequantize, to_blocks
-
-
-@dataclasses.dataclass
-class _Linear:
-    """x @ W.T for GGUF weights, MatMulNBits when every stacked part maps, else fp32 MatMul."""
-
-    model: GGUFModel
-    g: GraphBuilder
-    dtype: str
-    accuracy_level: int
-    total: int
-    progress: Callable[[str, int], None] | None
-    nbits: list[str] = dataclasses.field(default_factory=list)
-    dequantised: list[str] = dataclasses.field(default_factory=list)
-
-    def __call__(self, x: str, names: list[str], onnx_name: str) -> str:
-        tensors = [self.model.tensor(n) for n in names]
-        for n in names:
-            if self.progress:
-                self.progress(n, self.total)
-        blocks = [to_blocks(t) if self.dtype == "auto" else None for t in tensors]
-        if all(b is not None for b in blocks):
-            self.nbits.extend(names)
-            return matmul_nbits(self.g, x, Blocks.stack(blocks), onnx_name, self.accuracy_level)
-        w = np.concatenate([dequantize(t) for t in tensors], axis=0)
-        self.dequantised.extend(names)
-        return self.g.op(
-            "MatMul", [x, self.g.const(onnx_name + ".weight", np.ascontiguousarray(w.T))]
-        )
+from .weights import check_type
 
 
 def build_gemma3_decoder(
@@ -79,17 +54,16 @@ def build_gemma3_decoder(
     With ``share_buffer`` the local layers keep window-sized caches (``sliding_window_cache``);
     without it (``--cache concat``) every cache grows and the window is only a mask, since the
     kernel's windowed cache needs a preallocated buffer."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     h, fam = model.hyper, model.family
     for t in model.tensors.values():
         check_type(t, str(model.path))
     g = GraphBuilder(ExternalData(out_dir / DATA_FILE))
-    linear = _Linear(model, g, dtype, accuracy_level, 1 + 7 * h.layers, progress)
+    linear = Linear(model, g, dtype, accuracy_level, 1 + 7 * h.layers, progress)
 
     def norm(x: str, gguf_name: str, onnx_name: str) -> str:
-        w = g.const(onnx_name, dequantize(model.tensor(gguf_name)))
-        return g.op("SimplifiedLayerNormalization", [x, w], epsilon=h.rms_eps, axis=-1)
+        return rms_norm(g, model, x, gguf_name, onnx_name)
 
     def head_norm(x: str, heads: int, gguf_name: str, onnx_name: str) -> str:
         # RMSNorm over each head's head_size values: [B, S, heads*hd] -> [B, S, heads, hd].
@@ -98,44 +72,23 @@ def build_gemma3_decoder(
         flat = g.const(f"flat_{heads}", np.array([0, 0, heads * h.head_size], np.int64))
         return g.op("Reshape", [y, flat])
 
-    one = g.const("one_i64", np.array([1], np.int64))
-    lengths = g.op("ReduceSum", ["attention_mask", one], keepdims=0)
-    seqlens = g.op("Cast", [g.op("Sub", [lengths, one])], to=6)
-    total_len = g.op(
-        "Cast",
-        [g.op("Gather", [g.op("Shape", ["attention_mask"]), g.const("idx1", np.array(1))])],
-        to=6,
-    )
     # Global layers: the GGUF's rope base and scaling; local layers: the family's base, unscaled.
     local_h = dataclasses.replace(h, rope_base=fam.local_rope_base, rope_linear_factor=1.0)
     caches = {}  # is local -> (cos, sin) table names
     for local, hyper, tag in ((False, h, "global"), (True, local_h, "local")):
         cos, sin = rope_cos_sin(hyper, h.context_length)
         caches[local] = (g.const(f"cos_cache_{tag}", cos), g.const(f"sin_cache_{tag}", sin))
+    attention = GroupQueryAttention(g, h, *caches[False])
 
-    if progress:
-        progress("token_embd.weight", linear.total)
-    embed_name = g.const("embed_tokens.weight", _dequantize_rows(model.tensor("token_embd.weight")))
-    linear.dequantised.append("token_embd.weight (embedding table)")
+    embed_name = linear.embedding()
     scale = g.const("embed_scale", np.array(np.sqrt(h.hidden), np.float32))
     x = g.op("Mul", [g.op("Gather", [embed_name, "input_ids"]), scale])
 
     q_dim, kv_dim = h.heads * h.head_size, h.kv_heads * h.head_size
     split_qkv = g.const("split_qkv", np.array([q_dim, kv_dim, kv_dim], np.int64))
     split_ffn = g.const("split_ffn", np.array([h.intermediate, h.intermediate], np.int64))
-    inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "seq_len"]),
-        helper.make_tensor_value_info(
-            "attention_mask", TensorProto.INT64, ["batch_size", "total_seq_len"]
-        ),
-    ]
-    outputs = [
-        helper.make_tensor_value_info(
-            "logits", TensorProto.FLOAT, ["batch_size", "seq_len", h.vocab]
-        )
-    ]
-    past_shape = ["batch_size", h.kv_heads, "past_seq_len", h.head_size]
-    present_shape = ["batch_size", h.kv_heads, "total_seq_len", h.head_size]
+    inputs, outputs = decoder_io(h.vocab)
+    inputs += attention.inputs()
     for i in range(h.layers):
         p, o = f"blk.{i}.", f"layers.{i}."
         local = i in h.local_layers
@@ -148,31 +101,15 @@ def build_gemma3_decoder(
         q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)
         q = head_norm(q, h.heads, p + "attn_q_norm.weight", o + "attn.q_norm.weight")
         k = head_norm(k, h.kv_heads, p + "attn_k_norm.weight", o + "attn.k_norm.weight")
-        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
-        present_k, present_v = f"present.{i}.key", f"present.{i}.value"
-        for name in (past_k, past_v):
-            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, past_shape))
-        for name in (present_k, present_v):
-            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, present_shape))
         attrs: dict[str, Any] = {"local_window_size": h.sliding_window if local else -1}
         if local and share_buffer:
             # Window-sized past/present buffers for this layer; the kernel evicts inside them.
             attrs["sliding_window_cache"] = 1
         if h.attn_softcap:
             attrs["softcap"] = h.attn_softcap
-        attn = f"/layers.{i}/attn/output"
-        cos_name, sin_name = caches[local]
         # Scaled by 1/sqrt(head_size) as llama.cpp does for Gemma 3 (query_pre_attn_scalar ==
         # head_dim for every size but 27B, which the GGUF cannot tell apart).
-        g.nodes.append(
-            group_query_attention(
-                i,
-                [q, k, v, past_k, past_v, seqlens, total_len, cos_name, sin_name],
-                [attn, present_k, present_v],
-                h,
-                **attrs,
-            )
-        )
+        attn = attention.layer(i, (q, k, v), inputs, outputs, rope=caches[local], **attrs)
         y = linear(attn, [p + "attn_output.weight"], o + "attn.o_proj")
         x = g.op(
             "Add",
@@ -188,57 +125,13 @@ def build_gemma3_decoder(
         )
     x = norm(x, "output_norm.weight", "final_norm.weight")
 
-    head = "token_embd.weight" if h.tied_embeddings else "output.weight"
-    head_blocks = to_blocks(model.tensor(head)) if dtype == "auto" else None
-    if head_blocks is not None:
-        logits = matmul_nbits(g, x, head_blocks, "lm_head", accuracy_level)
-        linear.nbits.append(head)
-    elif h.tied_embeddings:
-        logits = _tied_head(g, x, embed_name, h.hidden, h.vocab)
-        linear.dequantised.append("lm_head (tied: the embedding table)")
-    else:
-        logits = linear(x, [head], "lm_head")
+    logits = lm_head(g, model, x, embed_name, linear)
     if h.final_softcap:
         cap = g.const("final_softcap", np.array(h.final_softcap, np.float32))
         logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, cap])]), cap])
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/lm_head/output"))
-
-    graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, g.initializers)
-    onnx_model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
-        producer_name="genai_runtime.importer",
-    )
-    onnx_model.ir_version = IR_VERSION
-    (out_dir / "model.onnx").write_bytes(onnx_model.SerializeToString())
-    return BuildReport(tuple(linear.nbits), tuple(linear.dequantised))
-
-
-def _dequantize_rows(t: Any, chunk: int = 16384) -> np.ndarray:
-    """``dequantize`` for a large table, a block of rows at a time: the dequantiser's fp32
-    temporaries stay one block big instead of table-sized (262k x 640 for Gemma 3)."""
-    n_rows = int(np.prod(t.shape[1:]))
-    out = np.empty((n_rows, int(t.shape[0])), np.float32)
-    for start in range(0, n_rows, chunk):
-        part = dataclasses.replace(t, data=t.data[start : start + chunk])
-        out[start : start + chunk] = dequantize(part).reshape(-1, out.shape[1])
-    return out
-
-
-def _tied_head(g: GraphBuilder, x: str, embed_name: str, hidden: int, vocab: int) -> str:
-    """logits = x @ E.T with the embedding table itself (Gemm transB: no second copy on disk)."""
-    flat = g.op("Reshape", [x, g.const("flat_shape", np.array([-1, hidden], np.int64))])
-    logits2d = g.op("Gemm", [flat, embed_name], transB=1)
-    lead = g.op(
-        "Slice",
-        [
-            g.op("Shape", ["input_ids"]),
-            g.const("s0", np.array([0], np.int64)),
-            g.const("s2", np.array([2], np.int64)),
-        ],
-    )
-    shape = g.op("Concat", [lead, g.const("vocab_dim", np.array([vocab], np.int64))], axis=0)
-    return g.op("Reshape", [logits2d, shape])
+    save_model(g, inputs, outputs, out_dir, OPSET, IR_VERSION)
+    return linear.report()
 
 
 def genai_config_extras(model: GGUFModel, share_buffer: bool = True) -> dict[str, Any]:

@@ -19,6 +19,7 @@ whole model.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,55 +133,27 @@ def build_decoder(
     GroupQueryAttention layout). ``progress(tensor_name, total)`` is called once per weight
     matrix converted.
     """
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     h = model.hyper
     for t in model.tensors.values():
         check_type(t, str(model.path))
-    data = ExternalData(out_dir / DATA_FILE)
-    g = GraphBuilder(data)
-    nbits: list[str] = []
-    dequantised: list[str] = []
+    g = GraphBuilder(ExternalData(out_dir / DATA_FILE))
     n_weights = 1 + 7 * h.layers + (0 if h.tied_embeddings else 1)
-
-    def linear(x: str, parts: list[tuple[str, np.ndarray | None]], onnx_name: str) -> str:
-        """x @ W.T for GGUF weights W [out, in] stacked along out (one MatMul for q/k/v or
-        gate/up), each with an optional row order; MatMulNBits when every part maps."""
-        tensors = [model.tensor(name) for name, _ in parts]
-        blocks = [to_blocks(t) if dtype == "auto" else None for t in tensors]
-        for name, _ in parts:
-            if progress:
-                progress(name, n_weights)
-        if all(b is not None for b in blocks):
-            ordered = [b if rows is None else b.rows(rows) for b, (_, rows) in zip(blocks, parts)]
-            nbits.extend(name for name, _ in parts)
-            return _matmul_nbits(g, x, Blocks.stack(ordered), onnx_name, accuracy_level)
-        ws = []
-        for t, (name, rows) in zip(tensors, parts):
-            w = dequantize(t)
-            ws.append(w if rows is None else w[rows])
-            dequantised.append(name)
-        w = np.concatenate(ws, axis=0) if len(ws) > 1 else ws[0]
-        return g.op("MatMul", [x, g.const(onnx_name + ".weight", np.ascontiguousarray(w.T))])
+    linear = Linear(model, g, dtype, accuracy_level, n_weights, progress)
 
     def norm(x: str, gguf_name: str, onnx_name: str) -> str:
-        w = g.const(onnx_name, dequantize(model.tensor(gguf_name)))
-        return g.op("SimplifiedLayerNormalization", [x, w], epsilon=h.rms_eps, axis=-1)
+        return rms_norm(g, model, x, gguf_name, onnx_name)
 
     cos, sin = rope_cos_sin(h, h.context_length)
     cos_name, sin_name = g.const("cos_cache", cos), g.const("sin_cache", sin)
     attention = (
         _StaticScatterAttention(g, h, cos_name, sin_name, static_scatter)
         if static_scatter
-        else _GroupQueryAttention(g, h, cos_name, sin_name)
+        else GroupQueryAttention(g, h, cos_name, sin_name)
     )
 
-    embed = model.tensor("token_embd.weight")
-    if progress:
-        progress("token_embd.weight", n_weights)
-    embed_w = dequantize(embed)  # [vocab, hidden]
-    embed_name = g.const("embed_tokens.weight", embed_w)
-    dequantised.append("token_embd.weight (embedding table)")
+    embed_name = linear.embedding()
     x = g.op("Gather", [embed_name, "input_ids"])
     split_ffn = g.const("split_ffn", np.array([h.intermediate, h.intermediate], np.int64))
 
@@ -188,74 +161,159 @@ def build_decoder(
     k_rows = (
         unpermute_rows(h.kv_heads, h.kv_heads * h.head_size) if model.family.unpermute_qk else None
     )
-    inputs = [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "seq_len"]),
-        *attention.inputs(),
-    ]
-    outputs = [
-        helper.make_tensor_value_info(
-            "logits", TensorProto.FLOAT, ["batch_size", "seq_len", h.vocab]
-        )
-    ]
+    inputs, outputs = decoder_io(h.vocab)
+    inputs += attention.inputs()
     for i in range(h.layers):
         p, o = f"blk.{i}.", f"layers.{i}."
         attn_in = norm(x, p + "attn_norm.weight", o + "input_layernorm.weight")
-        qkv_parts = [(p + "attn_q.weight", q_rows), (p + "attn_k.weight", k_rows)]
-        qkv = linear(attn_in, [*qkv_parts, (p + "attn_v.weight", None)], o + "attn.qkv_proj")
-        attn = attention.layer(i, qkv, inputs, outputs)
-        x = g.op("Add", [x, linear(attn, [(p + "attn_output.weight", None)], o + "attn.o_proj")])
-        mlp_in = norm(x, p + "ffn_norm.weight", o + "post_attention_layernorm.weight")
-        gate_up = linear(
-            mlp_in, [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)], o + "mlp.gate_up"
+        qkv = linear(
+            attn_in,
+            [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"],
+            o + "attn.qkv_proj",
+            rows=[q_rows, k_rows, None],
         )
+        attn = attention.layer(i, qkv, inputs, outputs)
+        x = g.op("Add", [x, linear(attn, [p + "attn_output.weight"], o + "attn.o_proj")])
+        mlp_in = norm(x, p + "ffn_norm.weight", o + "post_attention_layernorm.weight")
+        gate_up = linear(mlp_in, [p + "ffn_gate.weight", p + "ffn_up.weight"], o + "mlp.gate_up")
         gate, up = g.op("Split", [gate_up, split_ffn], n_out=2, axis=-1)
         act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])
-        x = g.op("Add", [x, linear(act, [(p + "ffn_down.weight", None)], o + "mlp.down_proj")])
+        x = g.op("Add", [x, linear(act, [p + "ffn_down.weight"], o + "mlp.down_proj")])
     x = norm(x, "output_norm.weight", "final_norm.weight")
 
-    head = "token_embd.weight" if h.tied_embeddings else "output.weight"
-    head_blocks = to_blocks(model.tensor(head)) if dtype == "auto" else None
-    if head_blocks is not None:
-        logits = _matmul_nbits(g, x, head_blocks, "lm_head", accuracy_level)
-        nbits.append(head)
-    elif h.tied_embeddings:
-        # Share the embedding table: Gemm reads it transposed, no second copy on disk.
-        flat = g.op("Reshape", [x, g.const("flat_shape", np.array([-1, h.hidden], np.int64))])
-        logits2d = g.op("Gemm", [flat, embed_name], transB=1)
-        shape = g.op(
-            "Concat",
-            [
-                g.op(
-                    "Slice",
-                    [
-                        g.op("Shape", ["input_ids"]),
-                        g.const("s0", np.array([0], np.int64)),
-                        g.const("s2", np.array([2], np.int64)),
-                    ],
-                ),
-                g.const("vocab_dim", np.array([h.vocab], np.int64)),
-            ],
-            axis=0,
-        )
-        logits = g.op("Reshape", [logits2d, shape])
-        dequantised.append("lm_head (tied: the embedding table)")
-    else:
-        logits = linear(x, [(head, None)], "lm_head")
+    logits = lm_head(g, model, x, embed_name, linear)
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/lm_head/output"))
+    if static_scatter:
+        save_model(g, inputs, outputs, out_dir, STATIC_OPSET, STATIC_IR_VERSION)
+    else:
+        save_model(g, inputs, outputs, out_dir, OPSET, IR_VERSION)
+    return linear.report()
+
+
+@dataclass
+class Linear:
+    """x @ W.T for GGUF weights W [out, in] stacked along out (one MatMul for q/k/v or
+    gate/up), each with an optional row order: MatMulNBits when every part's blocks map,
+    else an fp32 MatMul. Records which weights went which way."""
+
+    model: GGUFModel
+    g: GraphBuilder
+    dtype: str
+    accuracy_level: int
+    total: int  # weight matrices in the model, for ``progress``
+    progress: Callable[[str, int], None] | None
+    nbits: list[str] = field(default_factory=list)
+    dequantised: list[str] = field(default_factory=list)
+
+    def __call__(
+        self,
+        x: str,
+        names: list[str],
+        onnx_name: str,
+        rows: list[np.ndarray | None] | None = None,
+    ) -> str:
+        rows = rows or [None] * len(names)
+        tensors = [self.model.tensor(n) for n in names]
+        for n in names:
+            if self.progress:
+                self.progress(n, self.total)
+        blocks = [to_blocks(t) if self.dtype == "auto" else None for t in tensors]
+        if all(b is not None for b in blocks):
+            ordered = [b if r is None else b.rows(r) for b, r in zip(blocks, rows)]
+            self.nbits.extend(names)
+            return _matmul_nbits(self.g, x, Blocks.stack(ordered), onnx_name, self.accuracy_level)
+        ws = []
+        for t, r in zip(tensors, rows):
+            w = dequantize(t)
+            ws.append(w if r is None else w[r])
+        self.dequantised.extend(names)
+        w = np.concatenate(ws, axis=0) if len(ws) > 1 else ws[0]
+        return self.g.op(
+            "MatMul", [x, self.g.const(onnx_name + ".weight", np.ascontiguousarray(w.T))]
+        )
+
+    def embedding(self) -> str:
+        """The token embedding table as an fp32 initializer (read in row blocks)."""
+        if self.progress:
+            self.progress("token_embd.weight", self.total)
+        table = dequantize_rows(self.model.tensor("token_embd.weight"))
+        self.dequantised.append("token_embd.weight (embedding table)")
+        return self.g.const("embed_tokens.weight", table)
+
+    def report(self) -> BuildReport:
+        return BuildReport(tuple(self.nbits), tuple(self.dequantised))
+
+
+def dequantize_rows(t: Any, chunk: int = 16384) -> np.ndarray:
+    """``dequantize`` for a large table, a block of rows at a time: the dequantiser's fp32
+    temporaries stay one block big instead of table-sized (262k x 640 for Gemma 3)."""
+    n_rows = int(np.prod(t.shape[1:]))
+    out = np.empty((n_rows, int(t.shape[0])), np.float32)
+    for start in range(0, n_rows, chunk):
+        part = dataclasses.replace(t, data=t.data[start : start + chunk])
+        out[start : start + chunk] = dequantize(part).reshape(-1, out.shape[1])
+    return out
+
+
+def rms_norm(g: GraphBuilder, model: GGUFModel, x: str, gguf_name: str, onnx_name: str) -> str:
+    w = g.const(onnx_name, dequantize(model.tensor(gguf_name)))
+    return g.op("SimplifiedLayerNormalization", [x, w], epsilon=model.hyper.rms_eps, axis=-1)
+
+
+def decoder_io(vocab: int) -> tuple[list, list]:
+    """The inputs and outputs every decoder graph starts from: ``input_ids``, ``logits``."""
+    from onnx import TensorProto, helper
+
+    ids = ["batch_size", "seq_len"]
+    logits = ["batch_size", "seq_len", vocab]
+    return (
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ids)],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, logits)],
+    )
+
+
+def lm_head(g: GraphBuilder, model: GGUFModel, x: str, embed_name: str, linear: Linear) -> str:
+    """Logits from the final hidden state: MatMulNBits when the head's blocks map, else the
+    tied embedding table (read transposed by Gemm: no second copy on disk), else fp32."""
+    h = model.hyper
+    head = "token_embd.weight" if h.tied_embeddings else "output.weight"
+    blocks = to_blocks(model.tensor(head)) if linear.dtype == "auto" else None
+    if blocks is not None:
+        linear.nbits.append(head)
+        return _matmul_nbits(g, x, blocks, "lm_head", linear.accuracy_level)
+    if not h.tied_embeddings:
+        return linear(x, [head], "lm_head")
+    linear.dequantised.append("lm_head (tied: the embedding table)")
+    flat = g.op("Reshape", [x, g.const("flat_shape", np.array([-1, h.hidden], np.int64))])
+    logits2d = g.op("Gemm", [flat, embed_name], transB=1)
+    lead = g.op(
+        "Slice",
+        [
+            g.op("Shape", ["input_ids"]),
+            g.const("s0", np.array([0], np.int64)),
+            g.const("s2", np.array([2], np.int64)),
+        ],
+    )
+    shape = g.op("Concat", [lead, g.const("vocab_dim", np.array([h.vocab], np.int64))], axis=0)
+    return g.op("Reshape", [logits2d, shape])
+
+
+def save_model(
+    g: GraphBuilder, inputs: list, outputs: list, out_dir: Path, opset: int, ir_version: int
+) -> None:
+    from onnx import helper
 
     graph = helper.make_graph(g.nodes, "decoder", inputs, outputs, g.initializers)
-    opset = STATIC_OPSET if static_scatter else OPSET
     onnx_model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)],
         producer_name="genai_runtime.importer",
     )
-    onnx_model.ir_version = STATIC_IR_VERSION if static_scatter else IR_VERSION
+    onnx_model.ir_version = ir_version
     (out_dir / "model.onnx").write_bytes(onnx_model.SerializeToString())
-    return BuildReport(tuple(nbits), tuple(dequantised))
 
 
-class _GroupQueryAttention:
+class GroupQueryAttention:
     """com.microsoft GroupQueryAttention: rotary inside, past/present [B, kv_heads, T, D]
     (one buffer when the runtime shares it), lengths from ``attention_mask``."""
 
@@ -273,10 +331,23 @@ class _GroupQueryAttention:
         mask = ["batch_size", "total_seq_len"]
         return [helper.make_tensor_value_info("attention_mask", TensorProto.INT64, mask)]
 
-    def layer(self, i: int, qkv: str, inputs: list, outputs: list) -> str:
+    def layer(
+        self,
+        i: int,
+        qkv: str | tuple[str, str, str],
+        inputs: list,
+        outputs: list,
+        rope: tuple[str, str] | None = None,
+        **attrs: Any,
+    ) -> str:
+        """Layer ``i``'s attention over ``qkv`` (one packed tensor, or q, k, v), rotary from
+        ``rope`` (cos, sin) or the model's tables; ``attrs`` add to the node's attributes."""
         from onnx import TensorProto, helper
 
         h = self.h
+        q, k, v = (qkv, "", "") if isinstance(qkv, str) else qkv
+        cos, sin = rope or (self.cos, self.sin)
+        attrs.setdefault("local_window_size", -1)
         past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
         present_k, present_v = f"present.{i}.key", f"present.{i}.value"
         past_shape = ["batch_size", h.kv_heads, "past_seq_len", h.head_size]
@@ -289,10 +360,10 @@ class _GroupQueryAttention:
         self.g.nodes.append(
             group_query_attention(
                 i,
-                [qkv, "", "", past_k, past_v, self.seqlens, self.total, self.cos, self.sin],
+                [q, k, v, past_k, past_v, self.seqlens, self.total, cos, sin],
                 [attn, present_k, present_v],
                 h,
-                local_window_size=-1,
+                **attrs,
             )
         )
         return attn
