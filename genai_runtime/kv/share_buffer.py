@@ -71,7 +71,7 @@ class ShareBufferCache:
         self._arrays: list[np.ndarray] = []
         self._values: list[ort.OrtValue] = []
         self._capacity = 0
-        self._written = 0  # high-water mark of bytes written, to decide reuse on release
+        self._high = 0  # most tokens ever held: what was written, to decide reuse on release
         self._key: tuple = ()
 
     @property
@@ -109,7 +109,9 @@ class ShareBufferCache:
 
     def __del__(self) -> None:
         arrays = getattr(self, "_arrays", None)
-        if arrays and self._written <= REUSE_LIMIT and _keep_spare is not None:
+        if not arrays or _keep_spare is None:  # nothing mapped, or interpreter shutdown
+            return
+        if self._high * self.layout.bytes_per_token(self._batch) <= REUSE_LIMIT:
             _keep_spare(self._key, arrays)
 
     def bind(self, stage: BoundSession, num_new: int) -> None:
@@ -122,7 +124,8 @@ class ShareBufferCache:
 
     def advance(self, stage: BoundSession, num_new: int) -> None:
         self.length += num_new
-        self._written = max(self._written, self.nbytes)
+        if self.length > self._high:  # per token: a compare, not a byte count
+            self._high = self.length
 
     def rewind_to(self, length: int) -> None:
         # Attention reads only up to each row's sequence length, so rewinding is bookkeeping.
