@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ class MultiModalProcessor:
         self.model = model
         self.tokenizer = Tokenizer(model)
         self._audio_config: FeatureConfig | None = None
+        self._image_transform: Callable[[np.ndarray], Any] | None = None
         self.audio_input = _audio_input_name(model)
 
     @property
@@ -107,23 +108,32 @@ class MultiModalProcessor:
             ids[i, : len(row)] = row
         return ids
 
+    @property
+    def image_transform(self) -> Callable[[np.ndarray], Any]:
+        """The per-image transform ``processor_config.json`` describes (read once)."""
+        if self._image_transform is None:
+            from .images import image_transform
+
+            path = Path(self.model.model_dir) / IMAGE_CONFIG
+            if not path.is_file():
+                raise ModelError(
+                    f"{path}: not found; the model folder has no image processor config"
+                )
+            try:
+                config = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise ModelError(f"{path}: cannot read it ({exc})") from None
+            self._image_transform = image_transform(config, str(path))
+        return self._image_transform
+
     def _images(self, prompt: Any, images: Images) -> NamedTensors:
-        from .images import image_transform
+        from .images import decode_image
 
         if not isinstance(images, Images) or len(images) == 0:
             raise GenerationError("processor: images must be a non-empty og.Images")
         if prompt is not None and not isinstance(prompt, str):
             raise UnsupportedError("processor: images take one prompt string (batch size 1)")
-        path = Path(self.model.model_dir) / IMAGE_CONFIG
-        if not path.is_file():
-            raise ModelError(f"{path}: not found; the model folder has no image processor config")
-        try:
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"{path}: cannot read it ({exc})") from None
-        transform = image_transform(config, str(path))
-        from .images import decode_image
-
+        transform = self.image_transform
         feats = [transform(decode_image(name, data)) for name, data in images.items]
         out = NamedTensors()
         out["pixel_values"] = np.stack([f.pixel_values for f in feats]).astype(
