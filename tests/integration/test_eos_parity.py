@@ -100,26 +100,38 @@ def test_rewind_after_eos_regenerates_the_same_reply() -> None:
     first = generator.get_sequence(0).tolist()
     eos = set(generator.model.spec.tokens.eos)
     assert eos & set(ids.tolist()), "the chat prompt should contain an EOS id"
-    for length in (len(ids), len(first) - 3):
+    n = len(ids)
+    for length in (len(first) - 3, n):
         generator.rewind_to(length)
         assert not generator.is_done() and generator.token_count() == length
         steps = _trace(generator)
         sequence = generator.get_sequence(0).tolist()
         assert len(steps) > 2 and steps[-1][0][0] in eos and sequence[-1] not in eos
-        # The last kept token now runs alone, not inside the prefill, and int4 kernels round a
-        # one-token pass differently (on some CPUs enough to flip a near-tie a few tokens on),
-        # so the reference for the rewound run is a fresh generator making the same passes.
-        fresh = _fresh_passes(generator.model, first[: length - 1], first[length - 1 : length])
+        # The reference is a fresh generator making the same passes through the public API:
+        # int4 kernels round a pass of M tokens differently from M one-token passes (on some
+        # CPUs enough to flip a near-tie further on), so the passes must match, not just tokens.
+        # Into the reply: the prompt's prefill, then every kept reply token alone.
+        # To the prompt: its prefill, one step, then the prompt's last token again alone.
+        if length > n:
+            fresh = _fresh_passes(generator.model, ids, *([t] for t in first[n:length]))
+            assert fresh == first  # replaying the first run's passes gives its reply
+        else:
+            fresh = _fresh_passes(generator.model, ids, "step", n)
         assert sequence == fresh
         first = sequence
 
 
-def _fresh_passes(model, *passes: list[int]) -> list[int]:
+def _fresh_passes(model, *passes) -> list[int]:
     params = genai_runtime.GeneratorParams(model)
     params.set_search_options(do_sample=False, max_length=100)
     generator = genai_runtime.Generator(model, params)
-    for tokens in passes:
-        generator.append_tokens(np.asarray(tokens, np.int32))
+    for step in passes:
+        if isinstance(step, str):  # "step"
+            generator.generate_next_token()
+        elif isinstance(step, int):
+            generator.rewind_to(step)
+        else:
+            generator.append_tokens(np.asarray(step, np.int32))
     _trace(generator)
     return generator.get_sequence(0).tolist()
 
