@@ -146,3 +146,61 @@ def decoder_config(max_length: int = 48, **pipeline: Any) -> dict[str, Any]:
         "tokens": {"bos": 1, "eos": [VOCAB - 1], "pad": 0},
         "generation": {"max_length": max_length},
     }
+
+
+def positions_table(seed: int = 7, rows: int = 64) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 1.0, (rows, DIM)).astype(np.float32)
+
+
+def tree_reference_logits(
+    tokens: np.ndarray, emb: np.ndarray, head: np.ndarray, pos: np.ndarray
+) -> np.ndarray:
+    """Logits [T, V] of ``tree_decoder`` after every token of a linear sequence."""
+    e = emb[tokens] + pos[np.arange(len(tokens))]
+    return (np.tanh(np.cumsum(e, axis=0, dtype=np.float32)) + e) @ head
+
+
+def tree_decoder(path: Path, emb: np.ndarray, head: np.ndarray, pos: np.ndarray) -> Path:
+    """``context_decoder`` with attention a token tree can use: a 4D ``attention_mask``
+    [B, 1, S, T] (1 = attend) selects which cached rows each new token sums, and
+    ``position_ids`` add a position embedding, so both a wrong mask and a wrong position show.
+    """
+    f = TensorProto.FLOAT
+    kv = ["batch", 1, "past", DIM]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+        helper.make_tensor_value_info(
+            "attention_mask", TensorProto.INT64, ["batch", 1, "seq", "total"]
+        ),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
+        helper.make_tensor_value_info("past_key_values.0.key", f, kv),
+        helper.make_tensor_value_info("past_key_values.0.value", f, kv),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("logits", f, ["batch", "seq", head.shape[1]]),
+        helper.make_tensor_value_info("hidden_states", f, ["batch", "seq", DIM]),
+        helper.make_tensor_value_info("present.0.key", f, ["batch", 1, "total", DIM]),
+        helper.make_tensor_value_info("present.0.value", f, ["batch", 1, "total", DIM]),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["tok"]),
+        helper.make_node("Gather", ["P", "position_ids"], ["at"]),
+        helper.make_node("Add", ["tok", "at"], ["e"]),
+        helper.make_node("Unsqueeze", ["e", "one"], ["e4"]),
+        helper.make_node("Concat", ["past_key_values.0.key", "e4"], ["present.0.key"], axis=2),
+        helper.make_node("Concat", ["past_key_values.0.value", "e4"], ["present.0.value"], axis=2),
+        helper.make_node("Cast", ["attention_mask"], ["weights"], to=f),
+        helper.make_node("MatMul", ["weights", "present.0.value"], ["summed"]),  # [B,1,S,D]
+        helper.make_node("Squeeze", ["summed", "one"], ["hidden_states"]),
+        helper.make_node("Tanh", ["hidden_states"], ["squashed"]),
+        helper.make_node("Add", ["squashed", "e"], ["mixed"]),
+        helper.make_node("MatMul", ["mixed", "W"], ["logits"]),
+    ]
+    init = [
+        numpy_helper.from_array(emb, "E"),
+        numpy_helper.from_array(head, "W"),
+        numpy_helper.from_array(pos, "P"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+    ]
+    graph = helper.make_graph(nodes, "tree_decoder", inputs, outputs, initializer=init)
+    return _save(graph, path)

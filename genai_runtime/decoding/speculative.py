@@ -42,11 +42,12 @@ from ..errors import (
     UnsupportedError,
 )
 from ..kv import CACHE_KINDS, plan_cache
-from ..runtime.executor import Executor
+from ..runtime.executor import Executor, TreePass, tree_obstacle
 from ..runtime.graph_io import SessionIO
 from ..runtime.plan import Plan, build_plan
 from ..runtime.sessions import load_sessions
 from .sampling import draw, sampling_distribution
+from .token_tree import TokenTree, parse_tree, walk_tree
 
 if TYPE_CHECKING:
     from ..generator import Generator
@@ -131,6 +132,7 @@ class SpeculativeSpec:
     draft_session: str | None
     tree: Mapping[str, Any] | None
     tree_note: str | None
+    token_tree: TokenTree | None = None  # set when the target verifies the tree itself
 
 
 _COMMON_PARAMS = {"adaptive", "min_adaptive_k", "cooldown", "verify_margin"}
@@ -249,6 +251,16 @@ class AdaptiveK:
 class Proposal:
     tokens: np.ndarray  # int32 [k]
     probs: np.ndarray | None = None  # [k, V] draft distributions; None: point masses
+    # token trees: ranked candidates per depth along ``tokens`` (None: ``tokens`` alone)
+    candidates: list[np.ndarray] | None = None
+
+
+def _ranked(row: np.ndarray, width: int) -> np.ndarray:
+    """The ``width`` highest-scoring ids of ``row``, best first."""
+    if width <= 1:
+        return np.array([int(np.argmax(row))], np.int32)
+    top = np.argpartition(-row, width - 1)[:width]
+    return top[np.argsort(-row[top], kind="stable")].astype(np.int32)
 
 
 _EMPTY = np.zeros(0, np.int32)
@@ -291,7 +303,8 @@ class NgramProposer:
                 return context[i : min(i + k, length)]
         return _EMPTY
 
-    def propose(self, context: np.ndarray, k: int) -> Proposal:
+    def propose(self, context: np.ndarray, k: int, widths: list[int] | None = None) -> Proposal:
+        """One continuation; a token tree gets it as its rank-0 branch (``widths`` unused)."""
         context = np.ascontiguousarray(context, np.int32)
         self._grow(context)
         found = self._lookup(context, context.shape[0], k)
@@ -383,7 +396,9 @@ class DraftModelProposer:
         self._ids = np.zeros((1, 1), np.int32)
         self._fed = np.zeros(max_length, np.int32)  # the tokens its cache holds, by position
 
-    def propose(self, context: np.ndarray, k: int) -> Proposal:
+    def propose(self, context: np.ndarray, k: int, widths: list[int] | None = None) -> Proposal:
+        """``widths``: rank that many candidates per depth along the argmax path (a token
+        tree; its drafts are then deterministic point masses, also when sampling)."""
         length = context.shape[0]
         k = min(k, self.max_length - length)
         ex = self.exec
@@ -394,11 +409,16 @@ class DraftModelProposer:
         if differ.size or ex.length >= length:  # a rewound or edited sequence: drop the rest
             ex.rewind_to(min(int(differ[0]) if differ.size else held, length - 1))
         tokens = np.empty(k, np.int32)
-        probs = np.zeros((k, self.vocab), np.float64) if self.sampling is not None else None
+        sampled = self.sampling is not None and widths is None
+        probs = np.zeros((k, self.vocab), np.float64) if sampled else None
+        candidates = [] if widths is not None else None
         logits = self._run(context[None, ex.length : length])
         for i in range(k):
             row = logits[0]
-            if probs is None:
+            if candidates is not None:
+                candidates.append(_ranked(row, widths[i]))
+                tokens[i] = candidates[-1][0]
+            elif probs is None:
                 tokens[i] = int(np.argmax(row))
             else:
                 ids, p = sampling_distribution(row, **self.sampling)
@@ -408,7 +428,7 @@ class DraftModelProposer:
                 self._ids[0, 0] = tokens[i]
                 logits = self._run(self._ids)
         self._base, self._k = length, k
-        return Proposal(tokens, probs)
+        return Proposal(tokens, probs, candidates)
 
     def _run(self, tokens: np.ndarray) -> np.ndarray:
         start = self.exec.length
@@ -479,7 +499,7 @@ class HiddenStateProposer:
         self.hidden_output = hidden_output
         self.hidden: np.ndarray | None = None  # [1, 1, H] for the last token, set by the driver
 
-    def propose(self, context: np.ndarray, k: int) -> Proposal:
+    def propose(self, context: np.ndarray, k: int, widths: list[int] | None = None) -> Proposal:
         if self.hidden is None or k <= 0:
             return Proposal(_EMPTY)
         if self.hidden_output is None:
@@ -488,17 +508,21 @@ class HiddenStateProposer:
         hidden = self.hidden
         token = int(context[-1])
         tokens = np.empty(k, np.int32)
+        candidates = [] if widths is not None else None
         for i in range(k):
             feeds = {
                 self.ids_input: np.array([[token]], self.ids_dtype),
                 self.wire_input: hidden,
             }
             result = self.session.run(outputs, feeds)
-            token = int(np.argmax(result[0].reshape(-1, result[0].shape[-1])[-1]))
+            row = result[0].reshape(-1, result[0].shape[-1])[-1]
+            token = int(np.argmax(row))
             tokens[i] = token
+            if candidates is not None:
+                candidates.append(_ranked(row, widths[i]))
             if self.hidden_output:
                 hidden = result[1][:, -1:]
-        return Proposal(tokens)
+        return Proposal(tokens, candidates=candidates)
 
     def observe(self, num_accepted: int) -> None:
         """The driver sets ``hidden`` from the target's verify pass."""
@@ -516,27 +540,30 @@ def best_linear_branch(choices: Any) -> list[int]:
     return branch
 
 
-def _tree_note(tree: Mapping[str, Any], plan: Plan, k: int) -> tuple[int, str]:
+def _tree_plan(
+    spec: PipelineSpec, tree: Mapping[str, Any], plan: Plan, k: int
+) -> tuple[TokenTree | None, int, str]:
+    """The tree the target verifies (None: its best linear branch instead), K, and what
+    ``explain`` says about it."""
+    where = f"{_WHERE}.tree.medusa_choices"
     choices = tree.get("medusa_choices")
-    if not isinstance(choices, list) or not choices:
-        raise _problem(f"{_WHERE}.tree.medusa_choices", "expected a non-empty list of paths")
+    parsed = parse_tree(choices, where, k)
+    kind = plan_cache(plan.layout, spec.state.kv_cache, spec.generation.past_present_share_buffer)
+    can_compact = hasattr(CACHE_KINDS.get(kind.kind), "compact") and not plan.layout.drivers
+    why = tree_obstacle(plan, can_compact)
+    if why is None:
+        note = (
+            f"token tree ({len(parsed.paths)} nodes, depth {parsed.depth}, widths "
+            f"{parsed.widths()}) verified in one pass with a tree attention mask"
+        )
+        return parsed, parsed.depth, note
     branch = best_linear_branch(choices)
     depth = max(1, min(k, len(branch)))
-    mask = None
-    for stage in plan.stages:
-        for feed in stage.feeds:
-            if feed.role == "attention_mask":
-                mask = feed.info
-    if mask is not None and mask.rank == 4:
-        why = "tree-mask verification is not implemented"
-    else:
-        rank = "no" if mask is None else f"a {mask.rank}D"
-        why = f"the target takes {rank} attention mask (a token tree needs a 4D mask)"
     note = (
         f"token tree ({len(choices)} medusa_choices) verified as its best linear branch "
         f"{branch or [0]} (K={depth}): {why}"
     )
-    return depth, note
+    return None, depth, note
 
 
 def tree_note(spec: PipelineSpec, plan: Plan) -> str | None:
@@ -545,7 +572,7 @@ def tree_note(spec: PipelineSpec, plan: Plan) -> str | None:
     if not tree:
         return None
     try:
-        return _tree_note(tree, plan, spec.strategy.num_speculative_tokens)[1]
+        return _tree_plan(spec, tree, plan, spec.strategy.num_speculative_tokens)[2]
     except ConfigError as exc:
         return str(exc)
 
@@ -594,8 +621,10 @@ def load_speculative(model: Model, *, trust: bool = False) -> SpeculativeModel |
     plan = model.plan
     _check_target(spec, plan)
     if sspec.tree:
-        depth, note = _tree_note(sspec.tree, plan, sspec.num_speculative_tokens)
-        sspec = dataclasses.replace(sspec, num_speculative_tokens=depth, tree_note=note)
+        tree, depth, note = _tree_plan(spec, sspec.tree, plan, sspec.num_speculative_tokens)
+        sspec = dataclasses.replace(
+            sspec, num_speculative_tokens=depth, tree_note=note, token_tree=tree
+        )
     out = SpeculativeModel(sspec)
     if sspec.producer == "draft_model":
         draft = _draft_runtime(model, sspec.draft_session)
@@ -761,11 +790,11 @@ class BufferedDriver:
     def on_rewind(self, length: int) -> None:
         """The target's cache went back to ``length`` tokens outside a round."""
 
-    def forward(self, tokens: np.ndarray) -> np.ndarray:
+    def forward(self, tokens: np.ndarray, tree: TreePass | None = None) -> np.ndarray:
         """Run ``tokens`` [n] on the target; logits [n, V] after each (a reused buffer)."""
         start = self.exec.length
         try:
-            self.exec.forward(tokens[None, :])
+            self.exec.forward(tokens[None, :], tree)
         except Exception as exc:
             self.exec.rewind_to(start)
             if isinstance(exc, GenaiRuntimeError):
@@ -827,6 +856,10 @@ class SpeculativeDriver(BufferedDriver):
         self.accepted = 0
         self.margin = float(s.params.get("verify_margin", DEFAULT_VERIFY_MARGIN))
         self.guarded = 0  # near-ties re-decided by a one-token pass
+        self.tree = s.token_tree
+        if self.tree is not None and not self.exec.takes_tree:
+            raise UnsupportedError("this generator's target cannot verify a token tree")
+        self.side_accepts = 0  # kept tree nodes off the rank-0 branch
         self.rounds = 0  # target passes
         self.drafted_rounds = 0  # passes that verified at least one draft
         self.emitted = 0
@@ -844,6 +877,7 @@ class SpeculativeDriver(BufferedDriver):
             "tokens_per_round": self.emitted / self.rounds if self.rounds else 0.0,
             "k": self.k.k,
             "near_ties_rechecked": self.guarded,
+            "tree_side_accepts": self.side_accepts,
         }
 
     def _process(self, prefix_end: int, row: np.ndarray) -> np.ndarray:
@@ -865,6 +899,8 @@ class SpeculativeDriver(BufferedDriver):
         if ran > length:
             self.sync()
             ran = self.exec.length
+        if self.tree is not None:
+            return self._tree_round(length, ran)
         budget = min(self.k.k, gen.max_length - length - 1)
         if self._rest > 0:
             self._rest -= 1
@@ -925,6 +961,69 @@ class SpeculativeDriver(BufferedDriver):
             self.drafted_rounds += 1
             self.k.update(n, k)
             self._cool(n)
+        self.emitted += len(out)
+        gen._logits = None
+        return out
+
+    def _tree_round(self, length: int, ran: int) -> list[int]:
+        """One pass over the pending tokens plus every node of the token tree, each node seeing
+        only its ancestors; ``walk_tree`` keeps one path and the cache keeps just that path."""
+        gen, tree = self.gen, self.tree
+        depth = min(tree.depth, gen.max_length - length - 1)
+        candidates: list[np.ndarray] = []
+        if depth > 0:
+            proposal = self.proposer.propose(gen._seq[0, :length], depth, tree.widths()[:depth])
+            candidates = proposal.candidates or [t[None] for t in proposal.tokens[:depth]]
+        pending = gen._seq[0, ran:length]
+        p = pending.shape[0]
+        nodes, tokens = tree.nodes(candidates[:depth])
+        room = gen.max_length - ran - p  # the pass must fit: parents come first, so cut the tail
+        nodes, tokens = nodes[:room], tokens[:room]
+        offsets, visible, parents = tree.layout(nodes)
+        head = gen._logits
+        rows = np.zeros((0, self.vocab), np.float32)
+        if p or nodes.size:
+            full = np.zeros((p + nodes.size, p + nodes.size), bool)
+            full[:p, :p] = np.tri(p, dtype=bool)
+            full[p:, :p] = True
+            full[p:, p:] = visible
+            layout = TreePass(np.concatenate([np.arange(p), p - 1 + offsets]), full)
+            rows = self.forward(np.concatenate([pending, tokens]), layout)
+
+        def score(node: int) -> np.ndarray:
+            path = []
+            r = node
+            while r >= 0:
+                path.append(int(tokens[r]))
+                r = int(parents[r])
+            gen._seq[0, length : length + len(path)] = path[::-1]
+            if node >= 0:
+                raw = rows[p + node]
+            elif p:
+                raw = rows[p - 1]  # after the last pending token: the root's prediction
+            else:
+                raw = head.reshape(-1)  # the generator's own pass already scored the root
+            row = self._process(length + len(path), raw)
+            if self.sampling is None:
+                return row
+            out = np.zeros(self.vocab, np.float64)
+            ids, probs = sampling_distribution(row, **self.sampling)
+            out[ids] = probs
+            return out
+
+        path, token = walk_tree(parents, tokens, score, None if self.sampling is None else gen._rng)
+        if self.hidden_source is not None:
+            self._take_hidden(p + path[-1] if path else p - 1)
+        self.exec.keep(length, np.asarray(path, np.int64))
+        self.proposer.observe(len(path))
+        out = [int(tokens[r]) for r in path] + [token]
+        gen._seq[0, length : length + len(out)] = out
+        self.rounds += 1
+        if nodes.size:
+            self.proposed += int(nodes.size)
+            self.accepted += len(path)
+            self.drafted_rounds += 1
+            self.side_accepts += sum(1 for r in path if tree.paths[nodes[r]][-1] > 0)
         self.emitted += len(out)
         gen._logits = None
         return out

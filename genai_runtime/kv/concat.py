@@ -58,3 +58,13 @@ class ConcatCache:
                 ort.OrtValue.ortvalue_from_numpy(v.numpy()[index].copy()) for v in self._past
             ]
         self.length = min(self.length, length)
+
+    def compact(self, start: int, keep: np.ndarray) -> None:
+        """Keep the tokens before ``start`` and those at positions ``keep`` (in order)."""
+        index = np.concatenate([np.arange(start, dtype=np.int64), keep])
+        axis = self.layout.seq_axis
+        self._past = [
+            ort.OrtValue.ortvalue_from_numpy(np.take(v.numpy(), index, axis=axis))
+            for v in self._past
+        ]
+        self.length = index.size

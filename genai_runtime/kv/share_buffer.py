@@ -130,3 +130,11 @@ class ShareBufferCache:
     def rewind_to(self, length: int) -> None:
         # Attention reads only up to each row's sequence length, so rewinding is bookkeeping.
         self.length = min(self.length, length)
+
+    def compact(self, start: int, keep: np.ndarray) -> None:
+        """Keep the tokens before ``start`` and those at positions ``keep`` (in order), moved
+        in place to ``start, start + 1, ...``."""
+        end = start + keep.size
+        for array in self._arrays:
+            array[:, :, start:end] = array[:, :, keep]  # fancy indexing reads a copy first
+        self.length = end

@@ -14,18 +14,48 @@ pass, ``final`` stages once when the generator finishes (``finish``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
 from ..config.spec import TokensSpec
-from ..errors import GenerationError, ModelError
+from ..errors import GenerationError, ModelError, UnsupportedError
 from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
 from .bound import BoundSession
 from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan, StagePlan, role_name
 from .positions import PositionState
 from .sessions import run_options
+
+
+@dataclass(frozen=True)
+class TreePass:
+    """How the tokens of one batch-1 pass relate (a token tree flattened): token i sits at
+    position ``start + offsets[i]`` and attends to the tokens j of this pass with
+    ``visible[i, j]`` (its ancestors and itself), and to everything before the pass."""
+
+    offsets: np.ndarray  # int64 [n]
+    visible: np.ndarray  # bool [n, n]
+
+
+def tree_obstacle(plan: Plan, can_compact: bool) -> str | None:
+    """Why a pass over ``plan`` cannot verify a token tree (each token attending to its
+    ancestors only), or None when it can: that needs a 4D attention mask on every stage that
+    takes one, no init stages, and a cache that can keep one path of what a pass wrote."""
+    masks = [
+        f.info for s in plan.stages for f in s.feeds_from("role") if f.role == "attention_mask"
+    ]
+    if not masks:
+        return "the target takes no attention mask (a token tree needs a 4D mask)"
+    flat = next((m for m in masks if m.rank != 4), None)
+    if flat is not None:
+        return f"the target takes a {flat.rank}D attention mask (a token tree needs a 4D mask)"
+    if any(s.step.when == "init" for s in plan.stages):
+        return "the target has init stages (an encoder or vision tower)"
+    if not can_compact:
+        return "the target's cache cannot keep one path of a tree (concat or share-buffer can)"
+    return None
 
 
 class _Stage:
@@ -139,6 +169,7 @@ class Executor:
         self._logits_stage = next(s for s in self.stages if s.plan.logits is not None)
         self._fixed = self.cache if getattr(self.cache, "chunk", None) else None
         self._fixed_rows: np.ndarray | None = None  # [B, V] logits of the last real tokens
+        self._tree: TreePass | None = None  # set during a token-tree pass
         if self._fixed is not None:
             self._check_fixed_plan()
 
@@ -146,11 +177,32 @@ class Executor:
     def length(self) -> int:
         return self.positions.length
 
-    def forward(self, tokens: np.ndarray) -> np.ndarray:
+    @property
+    def takes_tree(self) -> bool:
+        """Whether a pass can verify a token tree (see ``tree_obstacle``)."""
+        return (
+            self.batch_size == 1
+            and self._fixed is None
+            and tree_obstacle(self.plan, hasattr(self.cache, "compact")) is None
+        )
+
+    def forward(self, tokens: np.ndarray, tree: TreePass | None = None) -> np.ndarray:
         """Run one pass over ``tokens`` [B, n]; return logits [B, V] at each row's last token.
 
-        The returned array may be a view into a buffer the next pass overwrites.
+        ``tree`` lays the tokens out as a token tree (see ``takes_tree``); ``keep`` then keeps
+        one path. The returned array may be a view into a buffer the next pass overwrites.
         """
+        if tree is not None:
+            if not self.takes_tree:
+                raise UnsupportedError(
+                    f"{self._logits_stage.plan.io.file}: a token-tree pass needs a 4D "
+                    "attention_mask, batch size 1 and a cache that can compact"
+                )
+            self._tree = tree
+            try:
+                return self.forward(tokens)
+            finally:
+                self._tree = None
         n = tokens.shape[1]
         if self.length + n > self.max_length:
             raise GenerationError(
@@ -162,6 +214,8 @@ class Executor:
         prompt_pass = self.length == 0 or n > 1
         start = self.length
         self.positions.update(tokens)
+        if self._tree is not None:
+            self.positions.branch(self._tree.offsets)
         self._final_done = False
         self._last_tokens = tokens
         step_length = self._step_positions.length
@@ -445,6 +499,8 @@ class Executor:
                         "needs an init stage that reads input_ids"
                     )
                 self._bind(stage, feed.name, self._cast_mask(feed, self._source_mask))
+            elif role == "attention_mask" and feed.info.rank == 4:
+                self._bind(stage, feed.name, self._mask4(feed.info.dtype, n))
             elif role == "attention_mask":
                 self._bind(stage, feed.name, self._step_positions.mask())
             elif role in ("position_ids", "cache_position"):
@@ -492,6 +548,31 @@ class Executor:
             stage.bound.bind_array(name, array)
             stage.shapes[name] = key
         stage.bound_arrays[name] = array
+
+    def _mask4(self, dtype: np.dtype, n: int) -> np.ndarray:
+        """A ``[B, 1, n, total]`` mask: the 2D padding mask, causal (or the tree's ancestry)
+        over this pass's tokens; integer/bool 1 = attend, float additive (0 or the dtype's min)."""
+        base = self._step_positions.mask()
+        batch, total = base.shape
+        floating = np.issubdtype(dtype, np.floating)
+        if n == 1 and self._tree is None and not floating and base.dtype == dtype:
+            return base.reshape(batch, 1, 1, total)  # a decode step: a view, nothing allocated
+        visible = np.repeat((base != 0)[:, None, None, :], n, axis=2)
+        within = self._tree.visible if self._tree is not None else np.tri(n, dtype=bool)
+        visible[:, 0, :, total - n :] &= within
+        if floating:
+            return np.where(visible, 0.0, np.finfo(dtype).min).astype(dtype)
+        return visible.astype(dtype)
+
+    def keep(self, start: int, offsets: np.ndarray) -> None:
+        """After a tree pass: keep the tokens before ``start`` and those at ``start + offsets``
+        (one path, in order), moved to consecutive positions; forget the rest."""
+        compact = getattr(self.cache, "compact", None)
+        if compact is None:
+            raise UnsupportedError(f"a {self.cache.kind} cache cannot keep one path of a tree")
+        compact(start, start + np.asarray(offsets, np.int64))
+        self.positions.straighten(start, start + len(offsets))
+        self._final_done = False
 
     def _cast_mask(self, feed, mask: np.ndarray) -> np.ndarray:
         key = (feed.name, mask.__array_interface__["data"][0])

@@ -107,6 +107,17 @@ class PositionState:
             else:
                 self._next[:] = self._pos[:, self.length - 1] + 1
 
+    def branch(self, offsets: np.ndarray) -> None:
+        """Batch 1, a token tree: the tokens of the pass just recorded sit at ``start + offsets``
+        (each node at its depth, so siblings share a position)."""
+        n = offsets.shape[0]
+        self._pos[0, self.length - n : self.length] = self.length - n + offsets
+
+    def straighten(self, start: int, length: int) -> None:
+        """After a tree pass kept one path: ``length`` tokens, positions consecutive again."""
+        self.rewind_to(length)
+        self._pos[0, start:length] = np.arange(start, length)
+
     def mask(self) -> np.ndarray:
         """The ``[B, total]`` attention mask for the pass just recorded (contiguous)."""
         if self.batch_size == 1:
