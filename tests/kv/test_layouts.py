@@ -185,6 +185,20 @@ def test_share_buffer_first_chunk_holds_the_local_window(tmp_path, w) -> None:
     _step_and_check(generator, PROMPTS[:1], w, 6)
 
 
+def test_share_buffer_compaction_moves_the_kept_rows_in_place(tmp_path, w) -> None:
+    # A token tree keeps one path of what a pass wrote: those rows move down, in order.
+    model = og.Model(L.folder(tmp_path, "share-buffer", w))
+    cache = ShareBufferCache(model.plan.layout, 1, 12)
+    cache.reserve(8)
+    for array in cache._arrays:
+        array[...] = np.arange(array.shape[2])[None, None, :, None]
+    cache.length = 8
+    cache.compact(3, np.array([4, 6]))
+    assert cache.length == 5
+    for array in cache._arrays:
+        assert array[0, 0, :5, 0].tolist() == [0, 1, 2, 4, 6]
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 
