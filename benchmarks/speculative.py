@@ -78,7 +78,13 @@ def model(mode: str, k: int, fp32_compute: bool = False, margin: float = 0.0) ->
     elif mode == "ngram":
         config.overlay(
             json.dumps(
-                {"speculative": {"ngram_size": 3, "max_draft_tokens": k, "verify_margin": margin}}
+                {
+                    "speculative": {
+                        "ngram_size": 3,
+                        "max_draft_tokens": k,
+                        "verify_margin": margin,
+                    }
+                }
             )
         )
     return og.Model(config)
@@ -127,8 +133,9 @@ def parity(args) -> int:
                 continue
             j = int(differ[0]) if differ.size else n
             row = rows[j]
-            a, b = int(plain[j]), int(out[j]) if j < len(out) else -1
-            margin = float(row[a] - row[b]) if b >= 0 else float("nan")
+            a = int(np.argmax(row))  # plain greedy's choice there (its EOS when it ended)
+            b = int(out[j]) if j < len(out) else models[mode].spec.tokens.eos[0]
+            margin = float(row[a] - row[b])
             worst = max(worst, margin)
             print(
                 f"prompt {i} {mode:5s}: departs at generated token {j}: plain {a} vs {b}, "
@@ -179,6 +186,56 @@ def speed(args) -> int:
     return 0
 
 
+def reference_speed(args) -> None:
+    """onnxruntime-genai's own n-gram mode (its v1 ``speculative`` block, on a linked copy of
+    the target folder) against its own plain greedy, on the same prompts, alternating."""
+    import tempfile
+
+    import onnxruntime_genai as rg
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "ngram"
+        folder.mkdir()
+        for f in TARGET.iterdir():
+            if f.name != "genai_config.json":
+                (folder / f.name).symlink_to(f)
+        doc = json.loads((TARGET / "genai_config.json").read_text())
+        doc["speculative"] = {"ngram_size": 3, "max_draft_tokens": args.k}
+        (folder / "genai_config.json").write_text(json.dumps(doc))
+        models = {"plain": rg.Model(str(TARGET)), "ngram": rg.Model(str(folder))}
+        tokenizer = rg.Tokenizer(models["plain"])
+        ratios, agree, totals = [], 0, {"plain": 0.0, "ngram": 0.0}
+        for r in range(args.rounds):
+            for text in GROUNDED:
+                messages = json.dumps([{"role": "user", "content": text}])
+                ids = tokenizer.encode(
+                    tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                )
+                tps, outs = {}, {}
+                for mode in ("plain", "ngram") if r % 2 == 0 else ("ngram", "plain"):
+                    params = rg.GeneratorParams(models[mode])
+                    params.set_search_options(max_length=len(ids) + args.new_tokens,
+                                              do_sample=False)  # fmt: skip
+                    gen = rg.Generator(models[mode], params)
+                    gen.append_tokens(ids)
+                    t0 = time.perf_counter()
+                    while not gen.is_done():
+                        gen.generate_next_token()
+                    out = gen.get_sequence(0)[len(ids) :]
+                    tps[mode] = (len(out) - 1) / (time.perf_counter() - t0)
+                    totals[mode] += tps[mode]
+                    outs[mode] = out
+                ratios.append(tps["ngram"] / tps["plain"])
+                agree += bool(np.array_equal(outs["ngram"], outs["plain"]))
+        runs = len(ratios)
+        print(
+            f"  onnxruntime-genai: plain {totals['plain'] / runs:.1f} tok/s, n-gram "
+            f"{totals['ngram'] / runs:.1f} tok/s; n-gram / plain median "
+            f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}); "
+            f"identical to its plain greedy in {agree}/{runs} runs"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("parity", "speed"))
@@ -196,10 +253,20 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="re-decide batched greedy near-ties (top-2 margin below this) one token at a time",
     )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="speed: also time onnxruntime-genai's n-gram mode against its plain greedy",
+    )
     args = parser.parse_args(argv)
     if args.new_tokens is None:
         args.new_tokens = 64 if args.what == "parity" else 128
-    return parity(args) if args.what == "parity" else speed(args)
+    if args.what == "parity":
+        return parity(args)
+    code = speed(args)
+    if args.reference:
+        reference_speed(args)
+    return code
 
 
 if __name__ == "__main__":

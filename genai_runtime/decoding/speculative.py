@@ -23,7 +23,7 @@ The ``Generator`` API is unchanged: a round's tokens are buffered and handed out
 from __future__ import annotations
 
 import dataclasses
-import math
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,6 +61,7 @@ ACCEPTANCE = ("greedy", "rejection_sampling")
 # up to ~1 logit, which then also differs in the cached keys/values a redo cannot fix.
 DEFAULT_VERIFY_MARGIN = 0.0
 _WHERE = "pipeline.strategy"
+DEFAULT_MIN_NGRAM = 2
 
 
 def _problem(path: str, message: str) -> ConfigError:
@@ -195,7 +196,9 @@ def speculative_spec(spec: PipelineSpec) -> SpeculativeSpec:
         draft_session = None
     if producer == "ngram":
         hi = params.get("ngram_size", 3)
-        lo = params.get("min_ngram_size", 1)
+        # One-token matches are mostly wrong: on SmolLM2 int4, 14% of their drafts were kept,
+        # against 32% for two tokens and 56% for four (benchmarks/speculative.py prompts).
+        lo = params.get("min_ngram_size", min(DEFAULT_MIN_NGRAM, hi))
         for key, value in (("ngram_size", hi), ("min_ngram_size", lo)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 16:
                 raise _problem(f"{_WHERE}.draft.{key}", f"expected 1..16, got {value!r}")
@@ -218,30 +221,65 @@ def speculative_spec(spec: PipelineSpec) -> SpeculativeSpec:
 
 
 class AdaptiveK:
-    """Draft length from the recent per-token acceptance rate.
+    """Draft length from the recent acceptance rate and what a wider target pass costs.
 
-    Keeps an exponential average ``a`` of accepted / proposed and drafts the longest K for
-    which all K drafts still survive with probability >= 0.25 (``a ** K >= 0.25``), within
-    [min_k, max_k]: a proposer that is usually right drafts long, one that is often wrong
-    stops wasting verify width.
+    Keeps, per proposal bucket (n-gram: the matched n; other proposers: one bucket), an
+    exponential average ``a`` of accepted / proposed, and one of ``r``, the extra time of each
+    token a verify pass feeds beyond the first as a fraction of a one-token pass (fed by
+    ``timed``; 0.5 until measured). Treating acceptance as geometric, K drafts yield
+    ``1 + a + ... + a**K`` tokens for ``1 + r*K`` of a plain step's time; ``choose`` returns the
+    K that maximises that within [min_k, max_k], or 0 when no K beats a plain step (then every
+    fourth such round still drafts ``min_k``, so the rate can recover). On a CPU where a wide
+    pass costs almost as much per token as a narrow one, unlikely drafts are pure loss.
     """
 
     def __init__(self, max_k: int, min_k: int = 1, adaptive: bool = True, decay: float = 0.7):
         self.max_k, self.min_k, self.adaptive, self.decay = max_k, min_k, adaptive, decay
-        self.rate = 0.75
-        self.k = max_k
+        self.extra = 0.5  # r: cost of each extra token in a pass / cost of a one-token pass
+        self._step: float | None = None  # seconds of a one-token pass (EMA)
+        self._rate: dict[int, float] = {}
+        self._k: dict[int, int] = {}
+        self._skipped: dict[int, int] = {}
 
-    def update(self, accepted: int, proposed: int) -> None:
+    @property
+    def k(self) -> int:
+        """The current K of the default bucket."""
+        return self._k.get(0, self.max_k)
+
+    def rate(self, bucket: int = 0) -> float:
+        return self._rate.get(bucket, 0.75)
+
+    def timed(self, width: int, seconds: float) -> None:
+        """A target pass over ``width`` tokens took ``seconds``."""
+        if width == 1:
+            self._step = seconds if self._step is None else 0.8 * self._step + 0.2 * seconds
+        elif self._step:
+            extra = max((seconds - self._step) / (width - 1) / self._step, 0.0)
+            self.extra = 0.8 * self.extra + 0.2 * extra
+
+    def choose(self, bucket: int = 0) -> int:
+        """Drafts to verify for a proposal of ``bucket`` (0: draft nothing this round)."""
+        k = self._k.get(bucket, self.max_k)
+        if k:
+            return k
+        skipped = self._skipped.get(bucket, 0) + 1
+        self._skipped[bucket] = skipped % 4
+        return self.min_k if skipped % 4 == 0 else 0
+
+    def update(self, accepted: int, proposed: int, bucket: int = 0) -> None:
         if not self.adaptive or proposed == 0:
             return
-        self.rate = self.decay * self.rate + (1 - self.decay) * accepted / proposed
-        if self.rate >= 0.99:
-            k = self.max_k
-        elif self.rate <= 0.0:
-            k = self.min_k
-        else:
-            k = int(math.log(0.25) / math.log(self.rate))
-        self.k = max(self.min_k, min(self.max_k, k))
+        rate = self._rate[bucket] = (
+            self.decay * self.rate(bucket) + (1 - self.decay) * accepted / proposed
+        )
+        best, best_gain, tokens, term = 0, 1.0, 1.0, 1.0
+        for k in range(1, self.max_k + 1):
+            term *= rate
+            tokens += term
+            gain = tokens / (1.0 + self.extra * k)
+            if gain > best_gain:
+                best, best_gain = k, gain
+        self._k[bucket] = max(self.min_k, min(self.max_k, best)) if best else 0
 
 
 # --- proposers ------------------------------------------------------------------------------
@@ -251,6 +289,7 @@ class AdaptiveK:
 class Proposal:
     tokens: np.ndarray  # int32 [k]
     probs: np.ndarray | None = None  # [k, V] draft distributions; None: point masses
+    bucket: int = 0  # how sure the proposer is (n-gram: the matched n); AdaptiveK keys on it
     # token trees: ranked candidates per depth along ``tokens`` (None: ``tokens`` alone)
     candidates: list[np.ndarray] | None = None
 
@@ -296,32 +335,33 @@ class NgramProposer:
         self._indexed = max(length, 1) if length else 0
         self._seen = data.copy()
 
-    def _lookup(self, context: np.ndarray, length: int, k: int) -> np.ndarray:
+    def _lookup(self, context: np.ndarray, length: int, k: int) -> tuple[np.ndarray, int]:
+        """The continuation of the longest match, and its n (0: none)."""
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
             i = self._index[n].get(context[length - n : length].tobytes())
             if i is not None and i < length:
-                return context[i : min(i + k, length)]
-        return _EMPTY
+                return context[i : min(i + k, length)], n
+        return _EMPTY, 0
 
     def propose(self, context: np.ndarray, k: int, widths: list[int] | None = None) -> Proposal:
         """One continuation; a token tree gets it as its rank-0 branch (``widths`` unused)."""
         context = np.ascontiguousarray(context, np.int32)
         self._grow(context)
-        found = self._lookup(context, context.shape[0], k)
+        found, matched = self._lookup(context, context.shape[0], k)
         if self.chained and 0 < found.size < k:
             # Extend by looking up again from the context with the drafts appended.
             parts, ext = [found], np.concatenate([context, found])
             while sum(p.size for p in parts) < k:
                 index_backup = self._index, self._indexed, self._seen
                 self._grow(ext)
-                more = self._lookup(ext, ext.shape[0], k - sum(p.size for p in parts))
+                more, _ = self._lookup(ext, ext.shape[0], k - sum(p.size for p in parts))
                 self._index, self._indexed, self._seen = index_backup
                 if not more.size:
                     break
                 parts.append(more)
                 ext = np.concatenate([ext, more])
             found = np.concatenate(parts)[:k]
-        return Proposal(found.astype(np.int32))
+        return Proposal(found.astype(np.int32), bucket=matched)
 
     def observe(self, num_accepted: int) -> None:
         """Stateless between rounds: the index follows the context it is given."""
@@ -428,7 +468,7 @@ class DraftModelProposer:
                 self._ids[0, 0] = tokens[i]
                 logits = self._run(self._ids)
         self._base, self._k = length, k
-        return Proposal(tokens, probs, candidates)
+        return Proposal(tokens, probs, candidates=candidates)
 
     def _run(self, tokens: np.ndarray) -> np.ndarray:
         start = self.exec.length
@@ -717,7 +757,7 @@ def _hidden_runtime(model: Model, session: str, trust: bool):
         )
     if src is None or wire.src_tensor not in stages[src].io.outputs:
         raise ModelError(f"{wire}: no stage of the target's flow outputs {wire.src_tensor!r}")
-    sessions, ios, errors = load_sessions(spec, [session], trust=trust)
+    sessions, ios, errors = load_sessions(spec, [session], trust=trust, turns=model.takes_turns)
     if errors:
         raise errors[0]
     io = ios[session]
@@ -833,10 +873,13 @@ class SpeculativeDriver(BufferedDriver):
         self._misses = 0
         self._rest = 0
         self.hidden_source: tuple[str, str] | None = None
+        self.lookup = s.producer == "ngram"
         if s.producer == "ngram":
             self.proposer: Any = NgramProposer(
                 s.params.get("ngram_size", 3),
-                s.params.get("min_ngram_size", 1),
+                s.params.get(
+                    "min_ngram_size", min(DEFAULT_MIN_NGRAM, s.params.get("ngram_size", 3))
+                ),
                 bool(s.params.get("ngram_chained_lookup", False)),
             )
         elif s.producer == "draft_model":
@@ -901,20 +944,27 @@ class SpeculativeDriver(BufferedDriver):
             ran = self.exec.length
         if self.tree is not None:
             return self._tree_round(length, ran)
-        budget = min(self.k.k, gen.max_length - length - 1)
+        room = gen.max_length - length - 1
+        # A lookup is free: propose first, then size K by how sure the match is. A draft model
+        # costs a run per token: size K first.
+        budget = min(self.k.max_k if self.lookup else self.k.choose(), room)
         if self._rest > 0:
             self._rest -= 1
             budget = 0
         proposal = (
             self.proposer.propose(gen._seq[0, :length], budget) if budget > 0 else Proposal(_EMPTY)
         )
+        if self.lookup and proposal.tokens.size:
+            budget = min(budget, self.k.choose(proposal.bucket))
         drafts = proposal.tokens[:budget]
         k = int(drafts.shape[0])
         pending = gen._seq[0, ran:length]
         feed = np.concatenate([pending, drafts]) if k else pending
         head = gen._logits
         if feed.size:
+            started = time.perf_counter()
             logits = self.forward(feed)
+            self.k.timed(int(feed.size), time.perf_counter() - started)
             # Row i scores the token after feed[i]; drafts are scored from the last pending row.
             first = pending.shape[0] if head is not None else pending.shape[0] - 1
             rows = logits[first:]
@@ -959,7 +1009,7 @@ class SpeculativeDriver(BufferedDriver):
             self.proposed += k
             self.accepted += n
             self.drafted_rounds += 1
-            self.k.update(n, k)
+            self.k.update(n, k, proposal.bucket)
             self._cool(n)
         self.emitted += len(out)
         gen._logits = None

@@ -263,14 +263,36 @@ def test_generator_calls_between_buffered_tokens(tiny: Path) -> None:
 def test_adaptive_k_follows_the_acceptance_rate() -> None:
     k = AdaptiveK(8, 1)
     for _ in range(10):
-        k.update(0, k.k)
-    assert k.k == 1
+        k.update(0, 8)
+    assert [k.choose() for _ in range(8)] == [0, 0, 0, 1] * 2  # plain steps, then a probe
     for _ in range(30):
-        k.update(k.k, k.k)
-    assert k.k == 8
+        k.update(8, 8)
+    assert k.choose() == 8
     fixed = AdaptiveK(5, 1, adaptive=False)
     fixed.update(0, 5)
-    assert fixed.k == 5
+    assert fixed.choose() == 5
+
+
+def test_adaptive_k_weighs_acceptance_against_the_cost_of_a_wider_pass() -> None:
+    def settled(extra_per_token: float) -> int:
+        k = AdaptiveK(8, 1)
+        k.timed(1, 0.010)
+        for _ in range(30):
+            k.timed(5, 0.010 * (1 + 4 * extra_per_token))
+        for _ in range(30):
+            k.update(4, 5)  # 80% of drafts accepted
+        return k.choose()
+
+    assert settled(0.1) > settled(0.3) > 1  # the cheaper a wide pass, the longer the draft
+    assert settled(0.9) == 0  # each extra token costs almost a step: drafting loses
+
+
+def test_adaptive_k_keeps_a_rate_per_bucket() -> None:
+    k = AdaptiveK(8, 1)
+    for _ in range(20):
+        k.update(0, 8, bucket=1)  # one-token n-gram matches: always wrong
+        k.update(8, 8, bucket=4)  # four-token matches: always right
+    assert k.choose(1) == 0 and k.choose(4) == 8
 
 
 def test_ngram_proposer_finds_the_latest_longest_match() -> None:
