@@ -18,7 +18,7 @@ from .routing import Route, classify
 from .runtime.confirm import config_problems
 from .runtime.graph_io import SessionIO
 from .runtime.plan import Plan, build_plan
-from .runtime.sessions import load_sessions
+from .runtime.sessions import load_sessions, takes_turns
 from .validation import shown
 
 PathLike = str | os.PathLike
@@ -117,7 +117,10 @@ class Model:
         *,
         trust_remote_code: bool = False,
         root: PathLike | None = None,
+        takes_turns_with: Model | None = None,
     ):
+        """``takes_turns_with``: a model whose sessions run between this one's on every token
+        (a speculative target for its draft): thread pools then park after each run."""
         if not isinstance(config, Config | str | os.PathLike):
             raise ConfigError([f"Model(config): expected a Config or a path, got {shown(config)}"])
         if not isinstance(config, Config):
@@ -144,7 +147,11 @@ class Model:
                 root=getattr(config, "_root", None),
             )  # fmt: skip
         names = dict.fromkeys(step.run for step in spec.flow)
-        sessions, ios, errors = load_sessions(spec, names, trust=trust_remote_code)
+        # Sessions that run by turns on every token park their threads after each run.
+        self.takes_turns: bool = takes_turns_with is not None or takes_turns(spec)
+        sessions, ios, errors = load_sessions(
+            spec, names, trust=trust_remote_code, turns=self.takes_turns
+        )
         if errors:
             raise errors[0]
         self.sessions: dict[str, ort.InferenceSession] = sessions

@@ -378,7 +378,8 @@ def _draft_runtime(model: Model, session: str) -> tuple[PipelineSpec, Plan, dict
     path = (model_dir / spec.sessions[session].file).resolve()
     folder = path.parent
     if folder != Path(model_dir).resolve() and (folder / "genai_config.json").is_file():
-        draft = ModelClass(folder)
+        # The draft runs between the target's passes: one thread pool for both.
+        draft = ModelClass(folder, takes_turns_with=model)
         return draft.spec, draft.plan, draft.sessions
     kv = spec.state.kv_cache
     kv = KVCacheSpec(
@@ -393,7 +394,7 @@ def _draft_runtime(model: Model, session: str) -> tuple[PipelineSpec, Plan, dict
         strategy=StrategySpec(),
         state=dataclasses.replace(spec.state, kv_cache=kv),
     )
-    sessions, ios, errors = load_sessions(draft_spec, [session])
+    sessions, ios, errors = load_sessions(draft_spec, [session], turns=model.takes_turns)
     if errors:
         raise errors[0]
     return draft_spec, build_plan(draft_spec, ios), sessions

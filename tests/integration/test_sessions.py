@@ -96,3 +96,30 @@ def test_v2_runtime_options_are_applied(tmp_path) -> None:
     generator.append_tokens([504, 1398, 282])
     generator.generate_next_token()
     assert generator.token_count() == 4
+
+
+def _stops_spinning(session: ort.InferenceSession) -> str | None:
+    try:
+        return session.get_session_options().get_session_config_entry("session.force_spinning_stop")
+    except RuntimeError:  # onnxruntime raises for an entry that was never set
+        return None
+
+
+def test_sessions_that_take_turns_on_every_token_park_their_threads(tmp_path) -> None:
+    """Three sessions per token (the pipeline fixture) each get force_spinning_stop, so one's
+    spinning workers do not take the cores the next needs; a lone decoder does not; a value
+    the config sets wins."""
+    pipeline = og.Model(require_shared("fixtures", "onnxruntime-genai", "pipeline-model-tiny"))
+    assert pipeline.takes_turns and len(pipeline.sessions) == 3
+    assert {_stops_spinning(s) for s in pipeline.sessions.values()} == {"1"}
+    single = og.Model(_config())
+    assert not single.takes_turns and _stops_spinning(single.sessions["decoder"]) is None
+    # A draft model beside the target: both the target's and the draft's sessions park.
+    draft = _config({"model": {"draft": {"filename": "model.onnx"}}})
+    speculative = og.Model(draft)
+    assert speculative.takes_turns
+    assert _stops_spinning(speculative.sessions["decoder"]) == "1"
+    draft_sessions = speculative.speculative.draft[2]
+    assert {_stops_spinning(s) for s in draft_sessions.values()} == {"1"}
+    chosen = og.Model(_config(_decoder_options(**{"session.force_spinning_stop": "0"})))
+    assert _stops_spinning(chosen.sessions["decoder"]) == "0"
