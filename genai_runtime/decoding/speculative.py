@@ -220,6 +220,9 @@ def speculative_spec(spec: PipelineSpec) -> SpeculativeSpec:
 # --- adaptive K -----------------------------------------------------------------------------
 
 
+_FIRST_WAIT, _LONGEST_WAIT = 4, 64  # plain rounds before a bucket that drafts nothing probes
+
+
 class AdaptiveK:
     """Draft length from the recent acceptance rate and what a wider target pass costs.
 
@@ -228,9 +231,10 @@ class AdaptiveK:
     token a verify pass feeds beyond the first as a fraction of a one-token pass (fed by
     ``timed``; 0.5 until measured). Treating acceptance as geometric, K drafts yield
     ``1 + a + ... + a**K`` tokens for ``1 + r*K`` of a plain step's time; ``choose`` returns the
-    K that maximises that within [min_k, max_k], or 0 when no K beats a plain step (then every
-    fourth such round still drafts ``min_k``, so the rate can recover). On a CPU where a wide
-    pass costs almost as much per token as a narrow one, unlikely drafts are pure loss.
+    K that maximises that within [min_k, max_k], or 0 when no K beats a plain step. Such a
+    bucket still drafts ``min_k`` as a probe after 4 plain rounds, so the rate can recover; each
+    probe that keeps nothing doubles that wait (up to 64). On a CPU where a wide pass costs
+    almost as much per token as a narrow one, unlikely drafts are pure loss.
     """
 
     def __init__(self, max_k: int, min_k: int = 1, adaptive: bool = True, decay: float = 0.7):
@@ -239,7 +243,8 @@ class AdaptiveK:
         self._step: float | None = None  # seconds of a one-token pass (EMA)
         self._rate: dict[int, float] = {}
         self._k: dict[int, int] = {}
-        self._skipped: dict[int, int] = {}
+        self._skipped: dict[int, int] = {}  # plain rounds since the last probe
+        self._wait: dict[int, int] = {}  # plain rounds between probes
 
     @property
     def k(self) -> int:
@@ -263,12 +268,18 @@ class AdaptiveK:
         if k:
             return k
         skipped = self._skipped.get(bucket, 0) + 1
-        self._skipped[bucket] = skipped % 4
-        return self.min_k if skipped % 4 == 0 else 0
+        if skipped < self._wait.get(bucket, _FIRST_WAIT):
+            self._skipped[bucket] = skipped
+            return 0
+        self._skipped[bucket] = 0
+        return max(self.min_k, 1)
 
     def update(self, accepted: int, proposed: int, bucket: int = 0) -> None:
         if not self.adaptive or proposed == 0:
             return
+        if self._k.get(bucket) == 0:  # a probe
+            wait = self._wait.get(bucket, _FIRST_WAIT)
+            self._wait[bucket] = _FIRST_WAIT if accepted else min(2 * wait, _LONGEST_WAIT)
         rate = self._rate[bucket] = (
             self.decay * self.rate(bucket) + (1 - self.decay) * accepted / proposed
         )

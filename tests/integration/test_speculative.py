@@ -262,9 +262,15 @@ def test_generator_calls_between_buffered_tokens(tiny: Path) -> None:
 
 def test_adaptive_k_follows_the_acceptance_rate() -> None:
     k = AdaptiveK(8, 1)
-    for _ in range(10):
-        k.update(0, 8)
-    assert [k.choose() for _ in range(8)] == [0, 0, 0, 1] * 2  # plain steps, then a probe
+    while k.k:  # drafts that all miss: K falls to 0
+        k.update(0, k.k)
+    assert [k.choose() for _ in range(4)] == [0, 0, 0, 1]  # plain steps, then a probe
+    k.update(0, 1)  # the probe kept nothing: the wait doubles, then doubles again
+    assert [k.choose() for _ in range(8)] == [0] * 7 + [1]
+    k.update(0, 1)
+    assert [k.choose() for _ in range(16)] == [0] * 15 + [1]
+    k.update(1, 1)  # a probe that keeps its draft: back to waiting 4
+    assert [k.choose() for _ in range(4)] == [0, 0, 0, 1]
     for _ in range(30):
         k.update(8, 8)
     assert k.choose() == 8
