@@ -172,7 +172,7 @@ def speed(args) -> int:
                 agree[mode] += bool(np.array_equal(outs[mode], outs["plain"]))
     runs = args.rounds * len(prompts)
     print(f"{len(prompts)} input-grounded prompts x {args.rounds} rounds, {args.new_tokens} new "
-          f"tokens, modes alternating (machine under load: compare ratios)")  # fmt: skip
+          f"tokens, modes alternating (ratios per run; tok/s move with load)")  # fmt: skip
     for mode in modes:
         print(f"  {mode:5s} decode tok/s mean {totals[mode][0] / totals[mode][1]:.1f}")
     for mode in ("ngram", "draft"):
