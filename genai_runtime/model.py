@@ -117,10 +117,10 @@ class Model:
         *,
         trust_remote_code: bool = False,
         root: PathLike | None = None,
-        takes_turns_with: Model | None = None,
+        turns: bool = False,
     ):
-        """``takes_turns_with``: a model whose sessions run between this one's on every token
-        (a speculative target for its draft): thread pools then park after each run."""
+        """``turns``: another model's sessions run between this one's on every token (a
+        speculative target beside its draft): thread pools then park after each run."""
         if not isinstance(config, Config | str | os.PathLike):
             raise ConfigError([f"Model(config): expected a Config or a path, got {shown(config)}"])
         if not isinstance(config, Config):
@@ -148,7 +148,7 @@ class Model:
             )  # fmt: skip
         names = dict.fromkeys(step.run for step in spec.flow)
         # Sessions that run by turns on every token park their threads after each run.
-        self.takes_turns: bool = takes_turns_with is not None or takes_turns(spec)
+        self.takes_turns: bool = turns or takes_turns(spec)
         sessions, ios, errors = load_sessions(
             spec, names, trust=trust_remote_code, turns=self.takes_turns
         )

@@ -204,6 +204,7 @@ def speculative_spec(spec: PipelineSpec) -> SpeculativeSpec:
                 raise _problem(f"{_WHERE}.draft.{key}", f"expected 1..16, got {value!r}")
         if lo > hi:
             raise _problem(f"{_WHERE}.draft.min_ngram_size", f"{lo} is larger than ngram_size {hi}")
+        params = {**params, "ngram_size": hi, "min_ngram_size": lo}
     return SpeculativeSpec(
         producer=producer,
         num_speculative_tokens=k,
@@ -390,7 +391,7 @@ def _draft_runtime(model: Model, session: str) -> tuple[PipelineSpec, Plan, dict
     folder = path.parent
     if folder != Path(model_dir).resolve() and (folder / "genai_config.json").is_file():
         # The draft runs between the target's passes: one thread pool for both.
-        draft = ModelClass(folder, takes_turns_with=model)
+        draft = ModelClass(folder, turns=True)
         return draft.spec, draft.plan, draft.sessions
     kv = spec.state.kv_cache
     kv = KVCacheSpec(
@@ -888,10 +889,8 @@ class SpeculativeDriver(BufferedDriver):
         self.lookup = s.producer == "ngram"
         if s.producer == "ngram":
             self.proposer: Any = NgramProposer(
-                s.params.get("ngram_size", 3),
-                s.params.get(
-                    "min_ngram_size", min(DEFAULT_MIN_NGRAM, s.params.get("ngram_size", 3))
-                ),
+                s.params["ngram_size"],  # both sizes resolved by speculative_spec
+                s.params["min_ngram_size"],
                 bool(s.params.get("ngram_chained_lookup", False)),
             )
         elif s.producer == "draft_model":

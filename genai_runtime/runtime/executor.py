@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import onnxruntime as ort
@@ -177,9 +178,9 @@ class Executor:
     def length(self) -> int:
         return self.positions.length
 
-    @property
+    @cached_property
     def takes_tree(self) -> bool:
-        """Whether a pass can verify a token tree (see ``tree_obstacle``)."""
+        """Whether a pass can verify a token tree (see ``tree_obstacle``); fixed at creation."""
         return (
             self.batch_size == 1
             and self._fixed is None
