@@ -90,15 +90,18 @@ def model(mode: str, k: int, fp32_compute: bool = False, margin: float = 0.0) ->
     return og.Model(config)
 
 
-def prompt_ids(tokenizer: og.Tokenizer, text: str) -> np.ndarray:
-    messages = [{"role": "user", "content": text}]
+def prompt_ids(tokenizer, text: str) -> np.ndarray:
+    """Chat-templated ids; ``tokenizer`` is ours or onnxruntime-genai's (a JSON string for it)."""
+    messages = json.dumps([{"role": "user", "content": text}])
     return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
 
 
-def decode(m: og.Model, ids: np.ndarray, new_tokens: int, rows: list | None = None):
-    params = og.GeneratorParams(m)
+def decode(m, ids: np.ndarray, new_tokens: int, rows: list | None = None, api=og):
+    """Greedy decode on ``m`` (a model of ``api``: genai_runtime or onnxruntime_genai): the new
+    tokens, decode tok/s after the prompt pass, speculative stats (ours) and prompt seconds."""
+    params = api.GeneratorParams(m)
     params.set_search_options(max_length=len(ids) + new_tokens, do_sample=False)
-    gen = og.Generator(m, params)
+    gen = api.Generator(m, params)
     t0 = time.perf_counter()
     gen.append_tokens(ids)
     t1 = time.perf_counter()
@@ -108,7 +111,7 @@ def decode(m: og.Model, ids: np.ndarray, new_tokens: int, rows: list | None = No
         gen.generate_next_token()
     t2 = time.perf_counter()
     out = gen.get_sequence(0)[len(ids) :]
-    stats = gen.get_speculative_stats() if m.speculative is not None else None
+    stats = gen.get_speculative_stats() if getattr(m, "speculative", None) is not None else None
     return out, (len(out) - 1) / (t2 - t1) if len(out) > 1 else 0.0, stats, t1 - t0
 
 
@@ -204,27 +207,14 @@ def reference_speed(args) -> None:
         (folder / "genai_config.json").write_text(json.dumps(doc))
         models = {"plain": rg.Model(str(TARGET)), "ngram": rg.Model(str(folder))}
         tokenizer = rg.Tokenizer(models["plain"])
+        prompts = [prompt_ids(tokenizer, t) for t in GROUNDED]
         ratios, agree, totals = [], 0, {"plain": 0.0, "ngram": 0.0}
         for r in range(args.rounds):
-            for text in GROUNDED:
-                messages = json.dumps([{"role": "user", "content": text}])
-                ids = tokenizer.encode(
-                    tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-                )
+            for ids in prompts:
                 tps, outs = {}, {}
                 for mode in ("plain", "ngram") if r % 2 == 0 else ("ngram", "plain"):
-                    params = rg.GeneratorParams(models[mode])
-                    params.set_search_options(max_length=len(ids) + args.new_tokens,
-                                              do_sample=False)  # fmt: skip
-                    gen = rg.Generator(models[mode], params)
-                    gen.append_tokens(ids)
-                    t0 = time.perf_counter()
-                    while not gen.is_done():
-                        gen.generate_next_token()
-                    out = gen.get_sequence(0)[len(ids) :]
-                    tps[mode] = (len(out) - 1) / (time.perf_counter() - t0)
+                    outs[mode], tps[mode], *_ = decode(models[mode], ids, args.new_tokens, api=rg)
                     totals[mode] += tps[mode]
-                    outs[mode] = out
                 ratios.append(tps["ngram"] / tps["plain"])
                 agree += bool(np.array_equal(outs["ngram"], outs["plain"]))
         runs = len(ratios)
