@@ -16,9 +16,9 @@ from .config.spec import PipelineSpec, ProviderSpec, frozen_map
 from .errors import ConfigError, TrustError, UnsupportedError
 from .routing import Route, classify
 from .runtime.confirm import config_problems
-from .runtime.graph_io import SessionIO
 from .runtime.plan import Plan, build_plan
 from .runtime.sessions import load_sessions, takes_turns
+from .session.graph_io import SessionIO
 from .validation import shown
 
 PathLike = str | os.PathLike

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PathEscapeError
-from ..runtime.flow import check_flow
 from .build import build_spec
+from .flow import check_flow
 from .loader import load_document, validate_document
 from .paths import check_paths, path_problem
 from .presets import resolve_presets

@@ -43,9 +43,9 @@ from ..errors import (
 )
 from ..kv import CACHE_KINDS, plan_cache
 from ..runtime.executor import Executor, TreePass, tree_obstacle
-from ..runtime.graph_io import SessionIO
 from ..runtime.plan import Plan, build_plan
 from ..runtime.sessions import load_sessions
+from ..session.graph_io import SessionIO
 from .sampling import draw, sampling_distribution
 from .token_tree import TokenTree, parse_tree, walk_tree
 

@@ -24,9 +24,9 @@ from ..config.spec import TokensSpec
 from ..errors import GenerationError, ModelError, UnsupportedError
 from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
-from .bound import BoundSession
+from ..session.bound import BoundSession
+from ..session.positions import PositionState
 from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan, StagePlan, role_name
-from .positions import PositionState
 from .sessions import run_options
 
 

@@ -16,9 +16,9 @@ import numpy as np
 from ..errors import ModelError
 from ..kv import plan_cache
 from ..model import Model
-from ..runtime.bound import BoundSession
 from ..runtime.executor import Executor
 from ..runtime.sessions import run_options
+from ..session.bound import BoundSession
 
 GROWTH_TOKENS = 256
 

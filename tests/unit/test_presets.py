@@ -17,7 +17,7 @@ from genai_runtime.config.presets import available_presets, builtin_presets_dir,
 from genai_runtime.config.spec import PipelineSpec
 from genai_runtime.errors import ConfigError
 from genai_runtime.routing import classify
-from genai_runtime.runtime.flow import check_flow
+from genai_runtime.config.flow import check_flow
 
 BUILTIN = {
     "autoregressive-decoder": "decoder",
