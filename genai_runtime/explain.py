@@ -11,12 +11,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .config.spec import PHASES, GenerationSpec, PipelineSpec
 from .decoding.chain import make_picker
 from .errors import GenaiRuntimeError
 from .routing import classify
 from .runtime.pipeline import LoadedPipeline
 from .runtime.plan import Plan
+from .spec import PHASES, GenerationSpec, PipelineSpec
 from .speculative import tree_note
 
 __all__ = ["explain_model", "explain_spec", "format_report"]

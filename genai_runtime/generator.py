@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from .config.spec import GenerationSpec
 from .decoding.chain import make_picker
 from .decoding.sampling import make_rng
 from .environment import LOG, log
@@ -24,6 +23,7 @@ from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedE
 from .model import Model
 from .runtime.driver import DecodeState, DriverSetup
 from .runtime.plan import logits_problem
+from .spec import GenerationSpec
 from .validation import as_array, as_index, as_name, serialized, shown
 
 # onnxruntime-genai's search options (+ min_p), with the type each takes.

@@ -12,7 +12,6 @@ import onnxruntime as ort
 
 from .config import load
 from .config.loader import deep_merge, parse_json_text
-from .config.spec import PipelineSpec, ProviderSpec, frozen_map
 from .errors import ConfigError, TrustError, UnsupportedError
 from .plugins import load_controller
 from .routing import Route, classify
@@ -20,6 +19,7 @@ from .runtime.driver import DriverFactory
 from .runtime.pipeline import LoadedPipeline
 from .runtime.plan import Plan
 from .session.graph_io import SessionIO
+from .spec import PipelineSpec, ProviderSpec, frozen_map
 from .speculative import load_speculative
 from .validation import shown
 

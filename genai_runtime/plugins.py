@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config.paths import resolve_inside
-from .config.spec import PluginSpec
 from .errors import ConfigError, ConfigProblem, GenerationError, TrustError
 from .runtime.driver import DecodeState, DriverSetup, forward_rows
+from .spec import PluginSpec
 
 if TYPE_CHECKING:
     from .runtime.executor import Executor

@@ -7,8 +7,8 @@ dots, dataflow cycles (reported as the cycle itself) and wires that run against 
 from __future__ import annotations
 
 from ..errors import ConfigError, ConfigProblem
+from ..spec import PHASES, PipelineSpec
 from .loader import json_path
-from .spec import PHASES, PipelineSpec
 
 
 def stage_sessions(spec: PipelineSpec) -> list[str]:

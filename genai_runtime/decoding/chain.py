@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config.spec import GenerationSpec, ProcessorSpec
 from ..errors import ConfigError, ConfigProblem, GenerationError
+from ..spec import GenerationSpec, ProcessorSpec
 from .guidance import GUIDANCE_KINDS, Grammar
 from .picker import ReferenceGreedy, ReferenceSample, TokenPicker
 from .processors import PROCESSORS, Processor, build_processor, make_chain

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..config.spec import GenerationSpec
+from ..spec import GenerationSpec
 from .guidance import Grammar
 from .processors import Processor
 from .sampling import greedy, sample, sampling_distribution

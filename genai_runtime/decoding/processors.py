@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config.spec import GenerationSpec, ProcessorSpec
 from ..errors import ConfigError, ConfigProblem
+from ..spec import GenerationSpec, ProcessorSpec
 
 Processor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..config.spec import KVCacheSpec, SessionSpec
 from ..errors import ConfigError, ConfigProblem, ModelError
 from ..session.graph_io import SessionIO, TensorInfo
 from ..session.onnx_scan import int_attributes
+from ..spec import KVCacheSpec, SessionSpec
 from .base import KVLayout
 
 # (past key, past value, present key, present value); value None = combined [2, B, H, S, D].

@@ -9,8 +9,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..config.spec import KVCacheSpec
 from ..errors import ConfigError, ConfigProblem, ModelError
+from ..spec import KVCacheSpec
 from .base import KVCache, KVLayout
 from .concat import ConcatCache
 from .drivers import DriverFed

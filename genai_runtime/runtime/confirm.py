@@ -9,8 +9,8 @@ it lives in ``graph_check`` with the rest of what ``validate`` runs.
 
 from __future__ import annotations
 
-from ..config.spec import PipelineSpec
 from ..errors import ConfigProblem
+from ..spec import PipelineSpec
 from .plan import Plan
 
 # Where each fact sits in the source document, by config version.

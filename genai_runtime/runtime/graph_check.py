@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config.bounded import clip_text
-from ..config.spec import PipelineSpec
 from ..errors import ConfigError, GenaiRuntimeError
+from ..spec import PipelineSpec
 from .confirm import config_problems, json_path_of
 from .pipeline import LoadedPipeline
 from .plan import Plan, graph_problems

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import onnxruntime as ort
 
-from ..config.spec import PipelineSpec
 from ..errors import ConfigError
 from ..kv import KVPlan, plan_cache
 from ..session.graph_io import SessionIO
+from ..spec import PipelineSpec
 from .confirm import config_problems
 from .executor import Executor
 from .plan import Plan, build_plan

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from ..config.spec import GenerationSpec
 from ..decoding.chain import make_picker
 from ..decoding.picker import TokenPicker
 from ..decoding.processors import Processor
 from ..decoding.sampling import make_rng
 from ..model import Model
+from ..spec import GenerationSpec
 from ..tokenizer import Tokenizer
 from .backends import BatchedSlots, InterleavedSlots
 from .protocol import APIError, Sampling

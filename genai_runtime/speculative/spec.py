@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks import is_integer, is_number
-from ..config.spec import PipelineSpec, StrategySpec, frozen_map
 from ..decoding.token_tree import TokenTree
 from ..errors import ConfigError
+from ..spec import PipelineSpec, StrategySpec, frozen_map
 
 MAX_SPECULATIVE_TOKENS = 16  # the schema's bound; a verify pass feeds K + 1 tokens
 ACCEPTANCE = ("greedy", "rejection_sampling")

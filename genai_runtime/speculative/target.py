@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config.spec import PipelineSpec
 from ..errors import ConfigError, ModelError
 from ..kv import CACHE_KINDS
 from ..runtime.plan import Plan
+from ..spec import PipelineSpec
 
 _WHERE = "pipeline.strategy"
 

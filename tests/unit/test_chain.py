@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from genai_runtime.config.spec import GenerationSpec, ProcessorSpec
 from genai_runtime.decoding.chain import (
     OPS,
     VALID_OPS,
@@ -32,6 +31,7 @@ from genai_runtime.decoding.warpers import (
     TypicalP,
 )
 from genai_runtime.errors import ConfigError, GenerationError
+from genai_runtime.spec import GenerationSpec, ProcessorSpec
 
 L = LOWEST
 NO_TOKENS = np.zeros((2, 0), np.int32)

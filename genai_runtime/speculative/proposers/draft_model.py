@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...config import load
-from ...config.spec import FlowStep, KVCacheSpec, StrategySpec, frozen_map
 from ...decoding.sampling import draw
 from ...errors import ModelError
 from ...runtime.driver import forward_rows
 from ...runtime.pipeline import LoadedPipeline
+from ...spec import FlowStep, KVCacheSpec, StrategySpec, frozen_map
 from ..target import check_rewind, plan_files
 from .base import EMPTY, Proposal, ranked
 
