@@ -37,6 +37,7 @@ class Model(Protocol):
     spec: PipelineSpec
     plan: Plan
 
+
 AUDIO_CONFIG = "audio_processor_config.json"
 IMAGE_CONFIG = "processor_config.json"
 IMAGE_TAG = re.compile(r"<\|image_(\d+)\|>")

@@ -151,9 +151,7 @@ def test_every_module_has_a_floor() -> None:
 
 def test_no_import_runs_up_a_floor() -> None:
     upward = sorted(
-        f"{a} (floor {floor(a)}) -> {b} (floor {floor(b)})"
-        for a, b in EDGES
-        if floor(b) > floor(a)
+        f"{a} (floor {floor(a)}) -> {b} (floor {floor(b)})" for a, b in EDGES if floor(b) > floor(a)
     )
     assert upward == []
 
