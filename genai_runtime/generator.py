@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections import deque
 from typing import Any
 
 import numpy as np
 
+from .checks import is_number
 from .decoding.chain import make_picker
 from .decoding.sampling import make_rng
 from .environment import LOG, log
@@ -23,43 +23,8 @@ from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedE
 from .model import Model
 from .runtime.driver import DecodeState, DriverSetup
 from .runtime.plan import logits_problem
-from .spec import GenerationSpec
+from .spec import SEARCH_OPTIONS, GenerationSpec, SearchOption
 from .validation import as_array, as_index, as_name, serialized, shown
-
-# onnxruntime-genai's search options (+ min_p), with the type each takes.
-SEARCH_OPTIONS: dict[str, type] = {
-    "batch_size": int,
-    "chunk_size": int,
-    "diversity_penalty": float,
-    "do_sample": bool,
-    "early_stopping": bool,
-    "length_penalty": float,
-    "max_length": int,
-    "min_length": int,
-    "min_p": float,
-    "no_repeat_ngram_size": int,
-    "num_beams": int,
-    "num_return_sequences": int,
-    "past_present_share_buffer": bool,
-    "random_seed": int,
-    "repetition_penalty": float,
-    "temperature": float,
-    "top_k": int,
-    "top_p": float,
-}
-_RANGES = {
-    "batch_size": (1, None),
-    "chunk_size": (0, None),
-    "max_length": (1, None),
-    "min_length": (0, None),
-    "min_p": (0.0, 1.0),
-    "no_repeat_ngram_size": (0, None),
-    "num_beams": (1, None),
-    "num_return_sequences": (1, None),
-    "temperature": (0.0, None),
-    "top_k": (0, None),
-    "top_p": (0.0, 1.0),
-}
 
 
 class GeneratorParams:
@@ -83,32 +48,33 @@ class GeneratorParams:
     def set_search_options(self, **options: Any) -> None:
         values = {}
         for key, value in options.items():
-            if key not in SEARCH_OPTIONS:
+            option = SEARCH_OPTIONS.get(key)
+            if option is None:
                 raise GenerationError(
                     f"unknown search option {key!r} (expected one of: {', '.join(SEARCH_OPTIONS)})"
                 )
-            values[key] = _coerce(key, value)
+            values[key] = _coerce(option, value)
         self.search = dataclasses.replace(self.search, **values)
 
     def get_search_options(self) -> dict[str, Any]:
         """As the reference returns them: numbers as floats, flags as bools."""
         out = {}
-        for key, kind in SEARCH_OPTIONS.items():
+        for key, option in SEARCH_OPTIONS.items():
             value = getattr(self.search, key)
-            out[key] = value if kind is bool else float(value)
+            out[key] = value if option.kind is bool else float(value)
         return out
 
     def try_graph_capture_with_max_batch_size(self, max_batch_size: int) -> None:
         """Accepted for compatibility (deprecated in the reference); CPU has no graph capture."""
 
 
-def _coerce(key: str, value: Any) -> Any:
-    kind = SEARCH_OPTIONS[key]
+def _coerce(option: SearchOption, value: Any) -> Any:
+    key, kind = option.name, option.kind
     if kind is bool:
         if isinstance(value, (bool, np.bool_)) or value in (0, 1):
             return bool(value)
         raise GenerationError(f"search option {key}: expected a bool, got {shown(value)}")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_number(value):
         raise GenerationError(f"search option {key}: expected a number, got {shown(value)}")
     if not math.isfinite(value):
         raise GenerationError(f"search option {key}: expected a finite number, got {value!r}")
@@ -120,7 +86,7 @@ def _coerce(key: str, value: Any) -> Any:
             raise GenerationError(f"search option {key}: {value} does not fit in an int32")
     else:
         value = float(value)
-    low, high = _RANGES.get(key, (None, None))
+    low, high = option.low, option.high
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise GenerationError(f"search option {key}: expected a value {bounds}, got {value!r}")

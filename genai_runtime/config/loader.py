@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..checks import is_number
 from ..errors import ConfigError, ConfigProblem
 from . import validated
 from .bounded import CONFIG_LIMITS, LimitError, clip_text, load_json, load_yaml, read_bounded
@@ -267,7 +268,7 @@ def config_version(doc: Mapping[str, Any]) -> int:
     if "version" not in doc:
         return 1
     version = doc["version"]
-    if isinstance(version, bool) or not isinstance(version, int | float):
+    if not is_number(version):
         raise _version_error(version)
     if version not in SUPPORTED_VERSIONS:
         raise _version_error(version)
@@ -276,7 +277,7 @@ def config_version(doc: Mapping[str, Any]) -> int:
 
 def _version_error(value: Any) -> ConfigError:
     supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if is_number(value):
         message = f"unsupported config version {_got(value)} (supported versions: {supported})"
     else:
         message = f"expected a config version ({supported}), got {_got(value)}"
@@ -397,7 +398,7 @@ def _explain(error: ValidationError, version: int) -> list[tuple[PathParts, str]
             known = sorted(parent.get("properties", {}))
             others = _describe(error.schema, version, with_bounds=False)
             return [(parts, _unknown_key(parts[-1], known, others))]
-        numeric = isinstance(instance, int | float) and not isinstance(instance, bool)
+        numeric = is_number(instance)
         what = _describe(error.schema, version, with_bounds=numeric, value=instance)
         return [(parts, f"expected {what}, got {_got(instance)}")]
     if kind in ("enum", "const"):
@@ -514,7 +515,7 @@ def _describe_type(kind: str, schema: dict, version: int, with_bounds: bool, val
 def _bounds(schema: dict, value: Any = None) -> str:
     lo = schema.get("minimum")
     hi = schema.get("maximum")
-    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    numeric = is_number(value)
     if lo in _IMPLICIT_BOUNDS and not (numeric and value < lo):
         lo = None
     if hi in _IMPLICIT_BOUNDS and not (numeric and value > hi):
@@ -576,6 +577,6 @@ def _quote(value: Any) -> str:
     """A value as written in enum lists and key names: strings in single quotes."""
     if isinstance(value, str):
         return _clip(repr(value)) if "'" in value else _clip(f"'{value}'")
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if is_number(value):
         return _clip(_json(value))
     return _got(value)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ConfigProblem, GenerationError
-from ..spec import GenerationSpec, ProcessorSpec
+from ..spec import SEARCH_OPTIONS, GenerationSpec, ProcessorSpec
 from .guidance import GUIDANCE_KINDS, Grammar
 from .picker import ReferenceGreedy, ReferenceSample, TokenPicker
 from .processors import PROCESSORS, Processor, build_processor, make_chain
@@ -45,15 +45,7 @@ VALID_OPS: tuple[str, ...] = (*OPS, "grammar", *TERMINALS)
 
 # Generation-level keys that the reference order turns into chain links; a v2 chain replaces
 # them, so setting one beside ``logits`` is a contradiction.
-_CHAIN_FIELDS = (
-    "min_length",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "top_k",
-    "top_p",
-    "temperature",
-    "min_p",
-)
+_CHAIN_FIELDS = tuple(name for name, option in SEARCH_OPTIONS.items() if option.chain)
 
 
 class _GrammarSlot:

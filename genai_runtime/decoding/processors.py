@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..checks import is_integer, is_number
 from ..errors import ConfigError, ConfigProblem
 from ..spec import GenerationSpec, ProcessorSpec
 
@@ -43,7 +43,7 @@ def _bad(name: str, message: str) -> ConfigError:
 
 
 def _int(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_integer(value):
         raise _bad(name, f"expected an integer, got {value!r}")
     if value < minimum:
         raise _bad(name, f"must be >= {minimum}, got {value}")
@@ -51,7 +51,7 @@ def _int(name: str, value: Any, *, minimum: int) -> int:
 
 
 def _real(name: str, value: Any, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_number(value):
         raise _bad(name, f"expected a number, got {value!r}")
     value = float(value)
     if not math.isfinite(value):
@@ -68,13 +68,13 @@ def _token_id(name: str, value: Any) -> int:
             return int(value.strip(), 10)
         except ValueError:
             raise _bad(name, f"expected a token id, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_integer(value):
         raise _bad(name, f"expected a token id, got {value!r}")
     return int(value)
 
 
 def _token_ids(name: str, value: Any) -> tuple[int, ...]:
-    if isinstance(value, (numbers.Integral, str)) and not isinstance(value, bool):
+    if is_integer(value) or isinstance(value, str):
         return (_token_id(name, value),)
     if isinstance(value, Mapping) or not isinstance(value, Iterable):
         raise _bad(name, f"expected a list of token ids, got {value!r}")
@@ -281,7 +281,7 @@ class LogitBias:
             tid = _token_id(f"bias[{key!r}]", key)
             if tid in merged:
                 raise _bad(f"bias[{key!r}]", f"token id {tid} given twice")
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+            if not is_number(value) or math.isnan(value):
                 raise _bad(f"bias[{key!r}]", f"expected a number, got {value!r}")
             if value == math.inf:
                 raise _bad(f"bias[{key!r}]", "+inf is not a usable bias")
@@ -510,7 +510,7 @@ def make_chain(
     whole chain (``decoding.chain.make_decoder``). Every bad value is reported in one
     ``ConfigError`` at its generation field.
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral):
+    if not is_integer(vocab_size):
         raise ConfigError(
             [ConfigProblem("model.vocab_size", f"expected an integer, got {vocab_size!r}")]
         )

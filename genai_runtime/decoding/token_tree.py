@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks import is_integer
 from ..errors import ConfigError, ConfigProblem
 from .sampling import draw
 
@@ -79,11 +80,7 @@ def parse_tree(choices: object, where: str, max_depth: int) -> TokenTree:
         raise bad("expected a non-empty list of paths such as [[0], [0, 0], [1]]")
     paths = set()
     for i, path in enumerate(choices):
-        ok = (
-            isinstance(path, list)
-            and path
-            and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 64 for c in path)
-        )
+        ok = isinstance(path, list) and path and all(is_integer(c) and 0 <= c < 64 for c in path)
         if not ok:
             raise ConfigError([ConfigProblem(
                 f"{where}[{i}]", f"expected a non-empty list of ranks 0..63, got {path!r}"

@@ -13,11 +13,11 @@ row's argmax, so a chain ending in ``argmax`` can skip a trailing run of them.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
 
+from ..checks import is_integer, is_number
 from ..errors import ConfigError, ConfigProblem
 from .processors import LOWEST
 from .sampling import SamplingError, _Scratch, _top
@@ -28,7 +28,7 @@ def _bad(name: str, message: str) -> ConfigError:
 
 
 def _number(name: str, value: Any, low: float, high: float, *, open_low: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_number(value):
         raise _bad(name, f"expected a number, got {value!r}")
     value = float(value)
     below = value <= low if open_low else value < low
@@ -80,7 +80,7 @@ class TopK:
     keeps_argmax = True
 
     def __init__(self, k: int):
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        if not is_integer(k) or k < 1:
             raise _bad("k", f"expected an integer >= 1, got {k!r}")
         self.k = int(k)
 
