@@ -79,7 +79,7 @@ def load_controller(
                 [ConfigProblem(f"{_WHERE}.factory", f"{name} is not a callable in the module")]
             )
     else:
-        raise ConfigError([ConfigProblem(_WHERE, "expected module (+ factory) or entry_point")])
+        raise ConfigError.at(_WHERE, "expected module (+ factory) or entry_point")
     step = factory(params)
     if not callable(step):
         raise ConfigError(
@@ -93,7 +93,7 @@ def _import(module: str, model_dir: Path, root: Path | None):
         return importlib.import_module(module)
     path = resolve_inside(model_dir, module, root, f"{_WHERE}.module")
     if not path.is_file():
-        raise ConfigError([ConfigProblem(f"{_WHERE}.module", f"file not found: {path}")])
+        raise ConfigError.at(f"{_WHERE}.module", f"file not found: {path}")
     name = f"genai_runtime_controller_{abs(hash(str(path)))}"
     loader = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(loader)

@@ -134,7 +134,7 @@ def find_config_file(path: str | Path) -> Path:
     """The config file for ``path``: a file itself, or genai_config.json/.yaml/.yml in a folder."""
     if not isinstance(path, str | Path) or isinstance(path, bool):
         message = f"expected a model folder or config file path, got {type(path).__name__}"
-        raise ConfigError([ConfigProblem("", message)])
+        raise ConfigError.at("", message)
     p = Path(path).expanduser()
     shown = clip_text(str(p))
     try:
@@ -143,12 +143,12 @@ def find_config_file(path: str | Path) -> Path:
                 if (p / name).is_file():
                     return p / name
             wanted = ", ".join(CONFIG_NAMES[:-1]) + f" or {CONFIG_NAMES[-1]}"
-            raise ConfigError([ConfigProblem("", f"no {wanted} in folder {shown}")], shown)
+            raise ConfigError.at("", f"no {wanted} in folder {shown}", shown)
         if p.is_file():
             return p
     except (OSError, ValueError) as exc:  # name too long, NUL byte in the name...
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError([ConfigProblem("", f"cannot use path {shown}: {reason}")]) from None
+        raise ConfigError.at("", f"cannot use path {shown}: {reason}") from None
     raise ConfigError(
         [ConfigProblem("", f"{shown} does not exist (expected a model folder or a config file)")],
         shown,
@@ -164,14 +164,14 @@ def read_document(path: str | Path) -> tuple[dict, Path]:
         text = read_bounded(file, CONFIG_LIMITS.max_bytes, encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError, LimitError) as exc:
         message = f"cannot read file: {clip_text(str(exc), 200)}"
-        raise ConfigError([ConfigProblem("", message)], source) from None
+        raise ConfigError.at("", message, source) from None
     if file.suffix.lower() in _YAML_SUFFIXES:
         doc = _parse_yaml(text, source)
     else:
         doc = _parse_json(text, source)
     if not isinstance(doc, dict):
         message = f"expected an object at the top level, got {_got(doc)}"
-        raise ConfigError([ConfigProblem("", message)], source)
+        raise ConfigError.at("", message, source)
     return doc, file
 
 
@@ -200,11 +200,11 @@ def _parse_json(text: str, source: str) -> Any:
         )
     except json.JSONDecodeError as exc:
         message = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        raise ConfigError([ConfigProblem("", message)], source) from None
+        raise ConfigError.at("", message, source) from None
     except LimitError as exc:
-        raise ConfigError([ConfigProblem("", f"JSON refused: {exc}")], source) from None
+        raise ConfigError.at("", f"JSON refused: {exc}", source) from None
     except ValueError as exc:
-        raise ConfigError([ConfigProblem("", f"invalid JSON: {exc}")], source) from None
+        raise ConfigError.at("", f"invalid JSON: {exc}", source) from None
     if duplicated:  # json.loads keeps the last of repeated keys: silently losing the others
         problems = [
             ConfigProblem(json_path([*parts, key]), "key repeated in the same object")
@@ -232,14 +232,14 @@ def _parse_yaml(text: str, source: str) -> Any:
     try:
         doc = load_yaml(text, CONFIG_LIMITS)
     except LimitError as exc:
-        raise ConfigError([ConfigProblem("", f"YAML refused: {exc}")], source) from None
+        raise ConfigError.at("", f"YAML refused: {exc}", source) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         message = f"invalid YAML{where}: {exc.problem or exc.context}"
-        raise ConfigError([ConfigProblem("", message)], source) from None
+        raise ConfigError.at("", message, source) from None
     except yaml.YAMLError as exc:
-        raise ConfigError([ConfigProblem("", f"invalid YAML: {exc}")], source) from None
+        raise ConfigError.at("", f"invalid YAML: {exc}", source) from None
     # YAML allows keys JSON cannot express (1: x, null: y); the schemas assume strings.
     problems = list(_non_string_keys(doc, []))
     if problems:
@@ -281,7 +281,7 @@ def _version_error(value: Any) -> ConfigError:
         message = f"unsupported config version {_got(value)} (supported versions: {supported})"
     else:
         message = f"expected a config version ({supported}), got {_got(value)}"
-    return ConfigError([ConfigProblem("version", message)])
+    return ConfigError.at("version", message)
 
 
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict:
@@ -303,7 +303,7 @@ def _parse_overlay(overlay: Mapping[str, Any] | str) -> Mapping[str, Any]:
         overlay = _parse_json(overlay, "config overlay")
     if not isinstance(overlay, Mapping):
         message = f"expected an object at the top level, got {_got(overlay)}"
-        raise ConfigError([ConfigProblem("", message)], "config overlay")
+        raise ConfigError.at("", message, "config overlay")
     return overlay
 
 

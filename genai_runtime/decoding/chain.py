@@ -138,7 +138,7 @@ def make_picker(
         try:
             ops.append(grammar(kind, data, f"{path}.{kind}"))
         except GenerationError as error:
-            raise ConfigError([ConfigProblem(f"{path}.{kind}", str(error))]) from None
+            raise ConfigError.at(f"{path}.{kind}", str(error)) from None
     if guidance is not None and grammar_at is None:
         ops.insert(0, grammar(guidance[0], guidance[1], "set_guidance"))
 

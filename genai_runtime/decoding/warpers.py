@@ -18,23 +18,19 @@ from typing import Any
 import numpy as np
 
 from ..checks import is_integer, is_number
-from ..errors import ConfigError, ConfigProblem
+from ..errors import ConfigError
 from .processors import LOWEST
 from .sampling import SamplingError, _Scratch, _top
 
 
-def _bad(name: str, message: str) -> ConfigError:
-    return ConfigError([ConfigProblem(name, message)])
-
-
 def _number(name: str, value: Any, low: float, high: float, *, open_low: bool) -> float:
     if not is_number(value):
-        raise _bad(name, f"expected a number, got {value!r}")
+        raise ConfigError.at(name, f"expected a number, got {value!r}")
     value = float(value)
     below = value <= low if open_low else value < low
     if math.isnan(value) or below or value > high:
         interval = f"{'(' if open_low else '['}{low}, {high}]"
-        raise _bad(name, f"must be in {interval}, got {value}")
+        raise ConfigError.at(name, f"must be in {interval}, got {value}")
     return value
 
 
@@ -58,7 +54,7 @@ class Temperature:
     def __init__(self, temperature: float):
         self.temperature = _number("temperature", temperature, 0.0, math.inf, open_low=True)
         if math.isinf(self.temperature):
-            raise _bad("temperature", "must be finite, got inf")
+            raise ConfigError.at("temperature", "must be finite, got inf")
         self._t = np.float32(self.temperature)
 
     @property
@@ -81,7 +77,7 @@ class TopK:
 
     def __init__(self, k: int):
         if not is_integer(k) or k < 1:
-            raise _bad("k", f"expected an integer >= 1, got {k!r}")
+            raise ConfigError.at("k", f"expected an integer >= 1, got {k!r}")
         self.k = int(k)
 
     @property
