@@ -36,6 +36,10 @@ class ConcatCache:
     def nbytes(self) -> int:
         return self.length * self.layout.bytes_per_token(self._batch)
 
+    def held_shape(self) -> list[int]:
+        """The shape of the first cached tensor (what the graph last returned as present)."""
+        return list(self._past[0].shape())
+
     def bind(self, stage: BoundSession, num_new: int) -> None:
         for name, value in zip(self._past_names, self._past):
             stage.bind_value(name, value)

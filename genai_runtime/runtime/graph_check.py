@@ -103,7 +103,7 @@ def _present_problems(spec: PipelineSpec, executor) -> list[str]:
     """A concat cache's first present tensor against the layout built from the config."""
     cache = executor.cache
     layout = cache.layout
-    present = cache._past[0].shape()  # what the graph just returned as present
+    present = cache.held_shape()  # what the graph just returned as present
     expected = layout.shape(1, 1)
     if list(present) == list(expected):
         return []
