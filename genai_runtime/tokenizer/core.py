@@ -357,11 +357,10 @@ class Tokenizer:
         encoding = self._hf_encoding(text)
         ids = encoding.ids
         spans: list[tuple[int, int]] = []
-        if literal:  # where each special token came from (character offsets)
-            found = [
-                encoding.token_to_chars(k) for k, t in enumerate(ids) if t in self._hf_specials
-            ]
-            spans = forged_spans(found, literal)
+        if literal and self._hf_specials:  # where each special token came from (characters)
+            specials = np.fromiter(self._hf_specials, np.int64, len(self._hf_specials))
+            at = np.flatnonzero(np.isin(np.asarray(ids, np.int64), specials))
+            spans = forged_spans([encoding.token_to_chars(int(k)) for k in at], literal)
         if spans:
             ids, pos = [], 0
             for start, end in spans:
