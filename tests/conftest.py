@@ -65,3 +65,15 @@ def gpt2_dir() -> Path:
 
 def load_golden(name: str) -> dict:
     return json.loads(require_shared("fixtures", "goldens", f"{name}.json").read_text())
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """``gpu`` tests run only where onnxruntime has the CUDA provider (onnxruntime-gpu)."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return
+    skip = pytest.mark.skip(reason="needs onnxruntime-gpu and a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -178,7 +178,10 @@ def create_session(
         )
     except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{where}.file: cannot load {path}: {reason}") from exc
+        on = [f"{name} device_id {opts['device_id']}" for name, opts in providers
+              if "device_id" in opts]  # fmt: skip
+        at = f" on {', '.join(on)}" if on else ""
+        raise ModelError(f"{where}.file: cannot load {path}{at}: {reason}") from exc
 
 
 def _pruned(spec: SessionSpec, path: Path) -> bytes | None:
