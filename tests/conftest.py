@@ -94,3 +94,15 @@ def captured_logs(*names: str) -> Iterator[list[str]]:
             lg.removeHandler(handler)
             lg.setLevel(level)
         text.append("\n".join(records))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """``gpu`` tests run only where onnxruntime has the CUDA provider (onnxruntime-gpu)."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return
+    skip = pytest.mark.skip(reason="needs onnxruntime-gpu and a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

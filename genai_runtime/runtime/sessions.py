@@ -9,6 +9,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError
+from ..session.device import check_provider
 from ..session.graph_io import SessionIO
 from ..spec import PipelineSpec, SessionOptionsSpec, SessionSpec
 from . import prune
@@ -99,17 +100,12 @@ def session_options(
 
 def providers_for(spec: SessionOptionsSpec) -> list[tuple[str, dict[str, str]]]:
     """Providers in the config's order, CPU last; each must exist in this onnxruntime build."""
-    available = ort.get_available_providers()
     chosen: list[tuple[str, dict[str, str]]] = []
     for provider in spec.providers:
         if not provider.name:
             continue
         name = ort_provider(provider.name)
-        if name not in available:
-            raise UnsupportedError(
-                f"execution provider {provider.name!r} ({name}) is not available in this "
-                f"onnxruntime build (available: {', '.join(available)})"
-            )
+        check_provider(name)
         chosen.append((name, dict(provider.options)))
     if all(name != "CPUExecutionProvider" for name, _ in chosen):
         chosen.append(("CPUExecutionProvider", {}))
@@ -182,7 +178,10 @@ def create_session(
         )
     except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{where}.file: cannot load {path}: {reason}") from exc
+        on = [f"{name} device_id {opts['device_id']}" for name, opts in providers
+              if "device_id" in opts]  # fmt: skip
+        at = f" on {', '.join(on)}" if on else ""
+        raise ModelError(f"{where}.file: cannot load {path}{at}: {reason}") from exc
 
 
 def _pruned(spec: SessionSpec, path: Path) -> bytes | None:
