@@ -98,15 +98,10 @@ def add_device_arg(p: argparse.ArgumentParser) -> None:
 def model_config(path: str, device: str | None = None) -> Any:
     """The folder's ``Config``, its providers replaced by ``device`` when one is given."""
     from ..model import Config
-    from ..session.device import parse_device
 
     config = Config(path)
     if device:
-        name, options = parse_device(device)
-        config.clear_providers()
-        config.append_provider(name)
-        for key, value in options.items():
-            config.set_provider_option(name, key, value)
+        config.use_device(device)
     return config
 
 

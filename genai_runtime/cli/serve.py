@@ -6,7 +6,7 @@ import argparse
 import math
 from typing import Any
 
-from .common import at_least, positive_int
+from .common import add_device_arg, at_least, positive_int
 
 
 def add_parsers(sub: Any) -> None:
@@ -28,6 +28,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--timeout", type=_seconds, metavar="S",
                    help="per-request timeout (default 600)")  # fmt: skip
     p.add_argument("--interleave", action="store_true", help="no batched decode")
+    add_device_arg(p)
     p.add_argument(
         "--special-tokens-in-messages", action="store_true",
         help="read special-token text typed in chat messages (<|im_end|>) as control tokens; "
@@ -44,7 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         insecure=args.insecure, served_name=args.served_name, max_queued=args.max_queued,
         max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
         batched=False if args.interleave else None,
-        special_tokens_in_messages=args.special_tokens_in_messages,
+        special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
     )  # fmt: skip
     return 0
 

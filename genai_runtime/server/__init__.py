@@ -32,13 +32,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_engine(model_dir: str | Path, **engine_options):
+def build_engine(model_dir: str | Path, device: str | None = None, **engine_options):
     """Load a model folder and start an engine over it."""
-    from ..model import Model
+    from ..model import Config, Model
     from ..tokenizer import Tokenizer
     from .engine import Engine
 
-    model = Model(str(model_dir))
+    config = Config(str(model_dir))
+    if device:
+        config.use_device(device)
+    model = Model(config)
     engine = Engine(model, Tokenizer(model), **engine_options)
     engine.start()
     return engine
@@ -79,6 +82,7 @@ class ServerHandle:
         batched: bool | None = None,
         prefix_reuse: bool = True,
         special_tokens_in_messages: bool = False,
+        device: str | None = None,
         log_level: str = "warning",
     ):
         try:
@@ -131,6 +135,7 @@ class ServerHandle:
             max_context=max_context or DEFAULT_MAX_CONTEXT,
             batched=batched,
             prefix_reuse=prefix_reuse,
+            device=device,
         )
         threading.Thread(
             target=self._load, args=(model_dir, engine_options), name="genai-load", daemon=True
