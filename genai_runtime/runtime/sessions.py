@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -98,15 +99,29 @@ def session_options(
     return so
 
 
+# Provider options this runtime turns off, with why (``explain`` shows it): a captured CUDA
+# graph replays fixed device addresses, and this runtime does not keep its inputs at fixed ones.
+DISABLED_OPTIONS = {
+    "enable_cuda_graph": "CUDA graph capture is not built yet: inputs are not kept at fixed "
+    "device addresses, so the graph runs uncaptured",
+}
+
+
 def providers_for(spec: SessionOptionsSpec) -> list[tuple[str, dict[str, str]]]:
-    """Providers in the config's order, CPU last; each must exist in this onnxruntime build."""
+    """Providers in the config's order, CPU last; each must exist in this onnxruntime build.
+    Options in ``DISABLED_OPTIONS`` are set off (a warning says so)."""
     chosen: list[tuple[str, dict[str, str]]] = []
     for provider in spec.providers:
         if not provider.name:
             continue
         name = ort_provider(provider.name)
         check_provider(name)
-        chosen.append((name, dict(provider.options)))
+        options = dict(provider.options)
+        for key, why in DISABLED_OPTIONS.items():
+            if str(options.get(key, "0")).lower() not in ("0", "false", ""):
+                warnings.warn(f"{name} {key}: {why}", RuntimeWarning, stacklevel=2)
+                options[key] = "0"
+        chosen.append((name, options))
     if all(name != "CPUExecutionProvider" for name, _ in chosen):
         chosen.append(("CPUExecutionProvider", {}))
     return chosen
