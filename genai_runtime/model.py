@@ -200,22 +200,15 @@ class Model:
         prompt: str | None = None,
         **search_options: Any,
     ) -> str | list[str]:
-        """Greedy transcript of one audio file (a str) or several (a list, one batch)."""
-        from .generator import Generator, GeneratorParams
-        from .multimodal import Audios
-        from .multimodal.processor import TRANSCRIBE_PROMPT
+        """Greedy transcript of one audio file (a str) or several (a list). Clips of at most
+        30 s decode as the reference decodes them (one batch); longer ones window by window
+        with Whisper's timestamps (``audio.longform``)."""
+        from .audio.longform import transcribe_clips
 
-        prompt = TRANSCRIBE_PROMPT if prompt is None else prompt
         paths = [audio] if isinstance(audio, (str, os.PathLike)) else list(audio)
+        clips = [(str(p), p) for p in paths]
         processor = self.create_multimodal_processor()
-        inputs = processor(prompt, audios=Audios.open(*paths))
-        params = GeneratorParams(self)
-        params.set_search_options(batch_size=len(paths), **search_options)
-        generator = Generator(self, params)
-        generator.set_inputs(inputs)
-        while not generator.is_done():
-            generator.generate_next_token()
-        texts = [processor.decode(generator.get_sequence(i)) for i in range(len(paths))]
+        texts = [t.text for t in transcribe_clips(processor, clips, prompt, **search_options)]
         return texts[0] if isinstance(audio, (str, os.PathLike)) else texts
 
     def generate(self, prompt: str | list | dict, **search_options: Any) -> Iterator[str]:
