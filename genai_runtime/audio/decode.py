@@ -75,8 +75,10 @@ class PcmReader:
             self._sound = sf.SoundFile(stream)
         except (sf.LibsndfileError, RuntimeError, TypeError, ValueError, OSError) as exc:
             self.close()
+            # libsndfile's own words: soundfile's message repeats the file (a server's temp path)
+            why = getattr(exc, "error_string", None) or str(exc)
             raise GenerationError(
-                f"{name}: not a readable audio file (wav, flac, ogg or mp3 expected): {exc}"
+                f"{name}: not a readable audio file (wav, flac, ogg or mp3 expected): {why}"
             ) from exc
         self.sample_rate = int(self._sound.samplerate)
         self.channels = int(self._sound.channels)
