@@ -4,19 +4,23 @@
 ids outside the logits' vocabulary and a ``vocab_size`` that disagrees with the graph are
 ``ConfigError``s at their JSON path. ``probe_problems`` runs the model once on two tokens, for
 ``validate``: it is the only way to confirm dimensions a graph leaves symbolic (``head_size``).
+``check_graphs`` is what ``validate`` and ``explain`` run: every session loaded, every mismatch
+listed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
 from ..config.bounded import clip_text
 from ..config.spec import PipelineSpec
-from ..errors import ConfigProblem
-from .plan import Plan
+from ..errors import ConfigError, ConfigProblem, GenaiRuntimeError
+from .plan import Plan, build_plan, graph_problems
+from .sessions import load_sessions
 
 # Where each fact sits in the source document, by config version.
 _PATHS = {
@@ -152,3 +156,43 @@ def _present_problems(spec: PipelineSpec, executor) -> list[str]:
                 f"returns {layout.present[0][0]!r} with {key} {present[axis]}"
             )
     return problems
+
+
+@dataclass
+class GraphCheck:
+    """The outcome of loading every session of a spec and matching the config against it."""
+
+    plan: Plan | None
+    errors: list[str]
+    warnings: list[str]
+
+
+def check_graphs(spec: PipelineSpec) -> GraphCheck:
+    """Load every session (without running it) and list every config/graph mismatch."""
+    from ..kv import plan_cache
+
+    sessions, ios, failures = load_sessions(spec, spec.sessions)  # every one: report them all
+    errors = [str(exc) for exc in failures]
+    warnings: list[str] = []
+    errors += graph_problems(spec, ios)
+    if errors:
+        return GraphCheck(None, errors, warnings)
+    try:
+        plan = build_plan(spec, ios)
+    except GenaiRuntimeError as exc:
+        return GraphCheck(None, [str(exc)], warnings)
+    if plan.layout is not None:
+        try:
+            plan_cache(plan.layout, spec.state.kv_cache, spec.generation.past_present_share_buffer)
+        except ConfigError as exc:
+            errors += [str(p) for p in exc.problems]
+        except GenaiRuntimeError as exc:  # the graph is fine; this runtime cannot run it yet
+            warnings.append(f"runtime: {exc}")
+    errors += [str(p) for p in config_problems(spec, plan)]
+    if not errors and spec.plugin is None:
+        probe_errors, probe_warnings = probe_problems(spec, plan, sessions)
+        errors += probe_errors
+        warnings += probe_warnings
+    if spec.plugin is not None:
+        warnings.append("pipeline.plugin loads code: it runs only with trust_remote_code=True")
+    return GraphCheck(plan, errors, warnings)

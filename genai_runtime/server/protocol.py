@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import GenaiRuntimeError
+
 CHAT_FIELDS = frozenset(
     [
         "model",
@@ -108,9 +110,30 @@ RESPONSE_FORMATS: dict[str, Callable[[Any, Mapping[str, Any]], Any] | None] = {
 
 
 def _json_grammar(model: Any, fmt: Mapping[str, Any]) -> Any:
-    from .formats import json_grammar  # llguidance loads only when a request asks for it
+    """A batch-1 ``Grammar`` constraining the reply to the format's JSON schema."""
+    from ..decoding.guidance import Grammar  # llguidance loads only when a request asks for it
 
-    return json_grammar(model, fmt)
+    if fmt["type"] == "json_object":
+        schema: Any = {"type": "object"}
+    else:
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise bad(
+                'response_format.json_schema must be an object with a "schema" object',
+                "response_format",
+            )
+        schema = spec["schema"]
+    spec = model.spec
+    if spec.model_dir is None or model.vocab_size is None:
+        raise bad("this model has no tokenizer.json for constrained decoding", "response_format")
+    try:
+        return Grammar(
+            "json_schema", schema, tokenizer_json=spec.model_dir / "tokenizer.json",
+            vocab_size=model.vocab_size, eos_token_ids=spec.tokens.eos, batch_size=1,
+            where="response_format",
+        )  # fmt: skip
+    except GenaiRuntimeError as exc:
+        raise bad(str(exc)[:500], "response_format") from None
 
 
 @dataclass(frozen=True)
