@@ -10,7 +10,9 @@ again whole in the next window: no audio is skipped and no segment is kept twice
 
 Decoding is greedy with Whisper's timestamp rules (``timestamp_logits``): timestamps come in
 pairs and never go back, the first token is a timestamp within the first second, and timestamps
-win whenever their total probability beats every single text token. A window whose text repeats
+win whenever their total probability beats every single text token; symbols that are never
+speech (brackets, music notes...) are suppressed, as Whisper's default decoding does. The next
+window starts at the end of the last completed segment. A window whose text repeats
 itself (gzip compression ratio over 2.4) is decoded again, sampling at rising temperatures with
 a fixed seed; a window the model marks as silence (``<|nocaptions|>`` above 0.6 and a mean
 log-probability below -1) adds no text. The previous window's text is not fed back as a prompt:
@@ -149,12 +151,19 @@ def split_segments(
     tokens: Sequence[int], vocab: TimestampVocab
 ) -> tuple[list[tuple[int, int, list[int]]], int | None]:
     """Completed ``(start step, end step, text tokens)`` segments of one window's tokens, and
-    the step where the next window starts (None: after all of this window's audio)."""
+    the step where the next window starts: the end of the last completed segment (None: no
+    segment completed, the next window starts after this one).
+
+    Whisper's own loop skips the rest of the window after a segment that ends the output; a
+    small model ends early on speech it finds hard, and the speech after that point was lost
+    (20 s of a 2-minute clip). Starting at the segment's end costs a window over silence now and
+    then, and loses nothing.
+    """
     begin = vocab.begin
     stamp = [t >= begin for t in tokens]
     ends_complete = len(tokens) >= 2 and stamp[-1] and not stamp[-2]
     cuts = [i for i in range(1, len(tokens)) if stamp[i] and stamp[i - 1]]
-    if cuts:
+    if cuts or ends_complete:
         bounds = cuts + ([len(tokens)] if ends_complete else [])
         segments, first = [], 0
         for cut in bounds:
@@ -163,14 +172,34 @@ def split_segments(
             if text:
                 segments.append((piece[0] - begin, piece[-1] - begin, text))
             first = cut
-        return segments, None if ends_complete else tokens[first - 1] - begin
+        return segments, tokens[first - 1] - begin
     text = [t for t in tokens if t < begin]
     stamps = [t - begin for t in tokens if t >= begin]
     if not text:
         return [], None
-    start = stamps[0] if stamps else 0
-    end = stamps[-1] if len(stamps) > 1 else None
-    return [(start, -1 if end is None else end, text)], None
+    return [(stamps[0] if stamps else 0, -1, text)], None
+
+
+# Symbols that are never speech: suppressed in long-form windows, as Whisper's default decoding
+# does, so a hard passage is not "transcribed" as [Music] or a run of notes.
+NON_SPEECH = (
+    *'"#()*+/:;<=>@[\\]^_`{|}~「」『』',
+    *("<<", ">>", "<<<", ">>>", "--", "---", "-(", "-[", "('", '("', "((", "))", "(((", ")))"),
+    *("[[", "]]", "{{", "}}", "♪♪", "♪♪♪"),
+)
+MUSIC = "♩♪♫♬♭♮♯"
+
+
+def non_speech_tokens(tokenizer: Any) -> np.ndarray:
+    """Ids of the symbols above, alone and after a space, where each is one token (the first
+    token of a musical sign), and of " -" and " '" (dashes and quotes starting a word)."""
+    ids = {int(tokenizer.encode(" -")[0]), int(tokenizer.encode(" '")[0])}
+    for symbol in (*NON_SPEECH, *MUSIC):
+        for text in (symbol, " " + symbol):
+            tokens = [int(t) for t in tokenizer.encode(text)]
+            if len(tokens) == 1 or (tokens and symbol in MUSIC):
+                ids.add(tokens[0])
+    return np.array(sorted(ids), np.int64)
 
 
 def compression_ratio(text: str) -> float:
@@ -208,6 +237,7 @@ class LongFormDecoder:
             1, round(self.vocab.seconds * self.config.sample_rate / self.config.hop_length)
         )
         self.max_initial = round(MAX_INITIAL_SECONDS / self.vocab.seconds)
+        self.suppressed = non_speech_tokens(processor.tokenizer)
 
     def transcribe(self, clip: ClipReader, stop: Callable[[], bool] | None = None) -> Transcript:
         """The whole clip, from its first window on (``clip`` is read forward from 0)."""
@@ -291,6 +321,7 @@ class LongFormDecoder:
                 allowed[:] = logits
                 no_speech = float(np.exp(allowed[self.vocab.no_speech] - _logsumexp(allowed)))
             timestamp_logits(logits, sampled, self.vocab, self.max_initial, out=allowed)
+            allowed[self.suppressed] = -np.inf
             norm = _logsumexp(allowed)
             if norm == -np.inf:
                 token = self.vocab.eot

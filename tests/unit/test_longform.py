@@ -36,12 +36,14 @@ def test_timestamp_rules() -> None:
 
 def test_segments_split_at_timestamp_pairs() -> None:
     vocab = _vocab()
-    # <0.0> a b <0.4><0.4> c <0.9> : two complete segments, the window is used up.
+    # <0.0> a b <0.4><0.4> c <0.9> : two complete segments; the next window starts at 0.9 s.
     segments, resume = split_segments([13, 1, 2, 17, 17, 3, 22], vocab)
-    assert segments == [(0, 4, [1, 2]), (4, 9, [3])] and resume is None
+    assert segments == [(0, 4, [1, 2]), (4, 9, [3])] and resume == 9
+    # The output ends after one segment, before the window does: go on from its end.
+    assert split_segments([13, 1, 2, 16], vocab) == ([(0, 3, [1, 2])], 3)
     # The last segment is cut off by the window: resume at its start.
     segments, resume = split_segments([13, 1, 17, 17, 3, 4], vocab)
     assert segments == [(0, 4, [1])] and resume == 4
-    # No pair at all: one segment to the end of the window.
+    # No segment completed: the text runs to the end of the window.
     assert split_segments([13, 1, 2], vocab) == ([(0, -1, [1, 2])], None)
     assert split_segments([13], vocab) == ([], None)
