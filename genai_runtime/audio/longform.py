@@ -24,7 +24,7 @@ from __future__ import annotations
 import gzip
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,8 +33,23 @@ from .decode import AudioSource
 from .features import FeatureConfig, log_mel
 from .stream import ClipReader
 
-if TYPE_CHECKING:
-    from ..multimodal.processor import MultiModalProcessor
+
+class SpeechProcessor(Protocol):
+    """What the driver reads of a multimodal processor (``MultiModalProcessor`` is one)."""
+
+    model: Any
+    tokenizer: Any
+    audio_input: str
+
+    @property
+    def audio_config(self) -> FeatureConfig: ...
+
+    def decode(self, ids: Any) -> str: ...
+
+
+# ``new_generator(**search_options)``: a fresh Generator over the processor's model. Given by
+# the caller (Model.transcribe, the server), so this floor needs no import of the generator.
+NewGenerator = Callable[..., Any]
 
 NO_TIMESTAMPS = "<|notimestamps|>"
 NO_SPEECH = "<|nocaptions|>"
@@ -210,18 +225,17 @@ def compression_ratio(text: str) -> float:
 class LongFormDecoder:
     """Transcribes one clip window by window on a model's Generator."""
 
-    def __init__(self, processor: MultiModalProcessor, prompt_ids: Sequence[int]):
-        from ..generator import GeneratorParams
-
+    def __init__(
+        self, processor: SpeechProcessor, new_generator: NewGenerator, prompt_ids: Sequence[int]
+    ):
         model = processor.model
         self.processor = processor
-        self.model = model
+        self.new_generator = new_generator
         self.config: FeatureConfig = processor.audio_config
-        params = GeneratorParams(model)
-        self.max_length = int(params.search.max_length)
+        self.max_length = int(model.spec.generation.max_length)
         eos = model.spec.tokens.eos
         eot = int(eos[0]) if eos else processor.tokenizer.to_token_id("<|endoftext|>")
-        vocab_size = model.vocab_size
+        vocab_size = model.plan.vocab_size
         if vocab_size is None:
             raise UnsupportedError("long-form transcription needs the decoder's vocabulary size")
         self.vocab = TimestampVocab.of(processor.tokenizer, vocab_size, eot, self.config.chunk_size)
@@ -298,16 +312,9 @@ class LongFormDecoder:
     def _decode_at(
         self, features: np.ndarray, stop: Callable[[], bool] | None, temperature: float
     ) -> _Window:
-        from ..generator import Generator, GeneratorParams
-        from ..multimodal.tensors import NamedTensors
-
-        params = GeneratorParams(self.model)
-        params.set_search_options(max_length=len(self.prompt) + self.sample_len)
-        generator = Generator(self.model, params)
-        inputs = NamedTensors()
-        inputs[self.processor.audio_input] = features[None]
-        inputs["input_ids"] = np.array([self.prompt], np.int32)
-        generator.set_inputs(inputs)
+        generator = self.new_generator(max_length=len(self.prompt) + self.sample_len)
+        ids = np.array([self.prompt], np.int32)
+        generator.set_inputs({self.processor.audio_input: features[None], "input_ids": ids})
         rng = np.random.default_rng(0)  # the same audio gives the same text
         allowed = np.empty(self.vocab.begin + self.vocab.count, np.float64)
         sampled: list[int] = []
@@ -341,9 +348,10 @@ class LongFormDecoder:
 
 
 def transcribe_clips(
-    processor: MultiModalProcessor,
+    processor: SpeechProcessor,
+    new_generator: NewGenerator,
     clips: Sequence[tuple[str, AudioSource]],
-    prompt: str | None = None,
+    prompt: str,
     *,
     timestamps: bool = False,
     stop: Callable[[], bool] | None = None,
@@ -353,9 +361,6 @@ def transcribe_clips(
     reference's single pass (one batch, ``search_options`` apply) unless ``timestamps`` asks
     for timed segments; longer clips, and every clip with ``timestamps``, go window by window
     (greedy: search options are refused there rather than ignored)."""
-    from ..multimodal.processor import TRANSCRIBE_PROMPT
-
-    prompt = TRANSCRIBE_PROMPT if prompt is None else prompt
     prompt_ids = [int(t) for t in processor.tokenizer.encode(prompt)]
     cfg = processor.audio_config
     window = cfg.chunk_size * cfg.sample_rate
@@ -376,32 +381,27 @@ def transcribe_clips(
                     f"clips of at most {cfg.chunk_size} s without timestamps; longer audio is "
                     "transcribed greedily, window by window"
                 )
-            longform = longform or LongFormDecoder(processor, prompt_ids)
+            longform = longform or LongFormDecoder(processor, new_generator, prompt_ids)
             results[i] = longform.transcribe(clip, stop)
     if short:
-        texts = _one_pass(processor, prompt_ids, [f for _, f, _ in short], search_options)
+        features = [f for _, f, _ in short]
+        texts = _one_pass(processor, new_generator, prompt_ids, features, search_options)
         for (i, _, seconds), text in zip(short, texts):
             results[i] = Transcript(text=text, duration=seconds, segments=())
     return [r for r in results if r is not None]
 
 
 def _one_pass(
-    processor: MultiModalProcessor,
+    processor: SpeechProcessor,
+    new_generator: NewGenerator,
     prompt_ids: list[int],
     features: list[np.ndarray],
     search_options: dict[str, Any],
 ) -> list[str]:
     """The reference's decoding of short clips: one batch, the prompt as given."""
-    from ..generator import Generator, GeneratorParams
-    from ..multimodal.tensors import NamedTensors
-
-    params = GeneratorParams(processor.model)
-    params.set_search_options(batch_size=len(features), **search_options)
-    generator = Generator(processor.model, params)
-    inputs = NamedTensors()
-    inputs[processor.audio_input] = np.stack(features)
-    inputs["input_ids"] = np.array([prompt_ids] * len(features), np.int32)
-    generator.set_inputs(inputs)
+    generator = new_generator(batch_size=len(features), **search_options)
+    ids = np.array([prompt_ids] * len(features), np.int32)
+    generator.set_inputs({processor.audio_input: np.stack(features), "input_ids": ids})
     while not generator.is_done():
         generator.generate_next_token()
     return [processor.decode(generator.get_sequence(i)) for i in range(len(features))]

@@ -17,7 +17,7 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -27,7 +27,17 @@ from .tensors import NamedTensors
 
 if TYPE_CHECKING:
     from ..audio import AudioSource, FeatureConfig
-    from ..model import Model
+    from ..runtime.plan import Plan
+    from ..spec import PipelineSpec
+
+
+class Model(Protocol):
+    """What the processor reads of a loaded model (``genai_runtime.Model`` is one)."""
+
+    model_dir: Path
+    spec: PipelineSpec
+    plan: Plan
+
 
 log = logging.getLogger("genai_runtime.audio")
 

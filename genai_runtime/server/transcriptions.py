@@ -190,7 +190,7 @@ def _options(form: Any, fields: dict[str, str], processor: Any) -> tuple[str, st
         return fmt, None
     # English-only Whisper checkpoints have 51864 tokens, multilingual ones more (the rule
     # OpenAI's whisper package uses); both carry the language tokens in their vocabulary.
-    multilingual = (processor.model.vocab_size or 0) > ENGLISH_ONLY_VOCAB
+    multilingual = (processor.model.plan.vocab_size or 0) > ENGLISH_ONLY_VOCAB
     if not multilingual:
         if language in ENGLISH:
             return fmt, None
@@ -205,7 +205,9 @@ def _options(form: Any, fields: dict[str, str], processor: Any) -> tuple[str, st
 async def _run(request: Request, state: Any, processor: Any, file: Any, prompt, fmt: str):
     """Transcribe on a worker thread; stop it when the client leaves or time runs out."""
     from ..audio.longform import transcribe_clips
+    from ..multimodal.processor import TRANSCRIBE_PROMPT
 
+    prompt = TRANSCRIBE_PROMPT if prompt is None else prompt
     stop = threading.Event()
     deadline = time.monotonic() + state.timeout
     file.seek(0)
@@ -216,7 +218,10 @@ async def _run(request: Request, state: Any, processor: Any, file: Any, prompt, 
     def work():
         clips = [("the uploaded file", file)]
         timed = fmt in TIMED
-        return transcribe_clips(processor, clips, prompt, timestamps=timed, stop=stopped)[0]
+        model = processor.model
+        return transcribe_clips(
+            processor, model.new_generator, clips, prompt, timestamps=timed, stop=stopped
+        )[0]
 
     watcher = asyncio.create_task(_watch(request, stop))
     try:

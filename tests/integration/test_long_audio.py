@@ -17,6 +17,7 @@ from conftest import require_shared
 import genai_runtime as og
 from genai_runtime.audio import load_audio
 from genai_runtime.audio.longform import transcribe_clips
+from genai_runtime.multimodal.processor import TRANSCRIBE_PROMPT as PROMPT
 
 sf = pytest.importorskip("soundfile")
 
@@ -55,7 +56,8 @@ def test_a_35_second_clip_is_transcribed_whole(
     sf.write(path, np.concatenate([jfk, gap, jfk, gap, jfk]), 16000, subtype="PCM_16")
 
     # What Model.transcribe returns the text of, here with the timed segments.
-    (transcript,) = transcribe_clips(model.create_multimodal_processor(), [("clip", path)])
+    processor = model.create_multimodal_processor()
+    (transcript,) = transcribe_clips(processor, model.new_generator, [("clip", path)], PROMPT)
     text = transcript.text
     flat = " ".join(_words(text))
     for phrase in ("fellow americans", "ask not what your country can do for you",
