@@ -2,12 +2,13 @@
 
 A multipart upload (``file``, ``model``, optional ``response_format``, ``language``,
 ``temperature``, ``timestamp_granularities[]``) is read into a spooled temporary file, never
-more than ``max_audio_bytes``; the transcription runs on a worker thread through
-``audio.longform`` (any duration: clips over 30 s go window by window), one at a time, and stops
-when the client leaves or the request times out. ``json`` and ``text`` give the reference's
-transcript of a clip up to 30 s; ``verbose_json``, ``srt`` and ``vtt`` decode with timestamps
-to give timed segments. Audio the decoder cannot read, or too short for one feature frame, is a
-400 naming ``file``. Audio and text are never logged (only sizes and timings).
+more than ``max_audio_bytes`` and within the server's read timeout; the transcription runs on a
+worker thread through ``audio.longform`` (any duration: clips over 30 s go window by window),
+one at a time, and stops when the client leaves or the request times out. ``json`` and ``text``
+give the reference's transcript of a clip up to 30 s; ``verbose_json``, ``srt`` and ``vtt``
+decode with timestamps to give timed segments. Audio the decoder cannot read, or too short for
+one feature frame, is a 400 naming ``file``. Audio and text are never logged (only sizes and
+timings).
 """
 
 from __future__ import annotations
@@ -61,7 +62,13 @@ def transcription_route(
         authorize(request)
         eng = engine()
         limit = getattr(state, "max_audio_bytes", DEFAULT_MAX_AUDIO_BYTES)
-        form = await _read_form(request, limit)
+        wait = getattr(state, "read_timeout", None)
+        try:  # a body that stalls is cut off, as the JSON routes do
+            form = await asyncio.wait_for(_read_form(request, limit), wait)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"the upload did not arrive within {wait:g} s",
+                           type="timeout_error", code="read_timeout",
+                           headers={"Connection": "close"}) from None  # fmt: skip
         try:
             upload = form.get("file")
             if upload is None or isinstance(upload, str):
