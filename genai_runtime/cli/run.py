@@ -37,8 +37,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument(
         "--audio",
         metavar="FILE",
-        help="audio file for a speech model (wav/flac/ogg/mp3; needs the 'audio' extra); the "
-        "prompt defaults to Whisper's transcription prompt",
+        help="audio file for a speech model (wav/flac/ogg/mp3; needs the 'audio' extra), of any "
+        "length; the prompt defaults to Whisper's transcription prompt",
     )
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--system", metavar="TEXT", help="system message (implies --chat)")
@@ -98,6 +98,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
     if args.audio is not None and args.prompt is None:
         args.prompt = TRANSCRIBE_PROMPT
+    constrained = (args.json_schema, args.lark, args.regex, args.max_new_tokens, args.max_length)
+    if (
+        args.audio is not None
+        and not args.chat
+        and args.system is None
+        and constrained == (None,) * 5
+    ):
+        # Model.transcribe reads audio of any length (window by window past 30 s).
+        print(model.transcribe(args.audio, prompt=args.prompt, **search_options(args)))
+        return 0
     if args.chat or args.system is not None:
         messages = [{"role": "user", "content": args.prompt}]
         if args.system is not None:

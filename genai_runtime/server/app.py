@@ -35,6 +35,7 @@ from ..decoding.picker import TokenPicker
 from ..errors import GenaiRuntimeError
 from .engine import Engine, Job
 from .protocol import RESPONSE_FORMATS, APIError, ParsedRequest, bad, parse_chat, parse_completion
+from .transcriptions import DEFAULT_MAX_AUDIO_BYTES, transcription_route
 
 log = logging.getLogger("genai_runtime.server")
 
@@ -51,6 +52,7 @@ class ServerState:
     served_name: str
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
+    max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES
     timeout: float = DEFAULT_TIMEOUT
     read_timeout: float = DEFAULT_READ_TIMEOUT
     # False: special-token text typed in a message is plain text (it cannot forge a turn)
@@ -144,6 +146,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/models/{name:path}", model_info, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        transcription_route(state, authorize, engine),
     ]
     return Starlette(
         routes=routes,
