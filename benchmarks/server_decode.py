@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import genai_runtime as og
-from genai_runtime.server.backends import BatchedSlots, InterleavedSlots
+from genai_runtime.batching.slots import BatchedSlots, InterleavedSlots
 
 PROMPTS = [
     "Once upon a time, in a land far away,",

@@ -36,13 +36,13 @@ def build_engine(model_dir: str | Path, device: str | None = None, **engine_opti
     """Load a model folder and start an engine over it."""
     from ..model import Config, Model
     from ..tokenizer import Tokenizer
-    from .engine import Engine
+    from .engine import ServerEngine
 
     config = Config(str(model_dir))
     if device:
         config.use_device(device)
     model = Model(config)
-    engine = Engine(model, Tokenizer(model), **engine_options)
+    engine = ServerEngine(model, Tokenizer(model), **engine_options)
     engine.start()
     return engine
 

@@ -1,4 +1,5 @@
-"""The Starlette app: OpenAI routes over an ``Engine``, with auth, body limits and SSE streaming.
+"""The Starlette app: OpenAI routes over a ``ServerEngine``, with auth, body limits and SSE
+streaming.
 
 Nothing here touches the model: requests are parsed (``protocol``), turned into token ids on a
 worker thread (a chat template and a tokenizer over a 1 MiB prompt take a while, and /health
@@ -33,7 +34,7 @@ from starlette.routing import Route
 
 from ..decoding.picker import TokenPicker
 from ..errors import GenaiRuntimeError
-from .engine import Engine, Job
+from .engine import Job, ServerEngine
 from .protocol import RESPONSE_FORMATS, APIError, ParsedRequest, bad, parse_chat, parse_completion
 from .transcriptions import DEFAULT_MAX_AUDIO_BYTES, transcription_route
 
@@ -57,7 +58,7 @@ class ServerState:
     read_timeout: float = DEFAULT_READ_TIMEOUT
     # False: special-token text typed in a message is plain text (it cannot forge a turn)
     special_tokens_in_messages: bool = False
-    engine: Engine | None = None
+    engine: ServerEngine | None = None
     load_error: str | None = None
     created: int = 0
     # Chat templates, tokenizing and grammar compiles run here, off the event loop.
@@ -87,7 +88,7 @@ def create_app(state: ServerState) -> Starlette:
                 code="invalid_api_key",
             )
 
-    def engine() -> Engine:
+    def engine() -> ServerEngine:
         if state.engine is None:
             why = state.load_error or "the model is still loading"
             raise APIError(503, why, type="server_error", code="model_not_ready")
@@ -204,7 +205,7 @@ def _no_model(name: str, served: str) -> APIError:
     )
 
 
-def _checked(state: ServerState, parsed: ParsedRequest, eng: Engine) -> Engine:
+def _checked(state: ServerState, parsed: ParsedRequest, eng: ServerEngine) -> ServerEngine:
     # The model field is a served name, compared as a string: never opened as a path.
     if parsed.model != state.served_name:
         raise _no_model(parsed.model, state.served_name)
@@ -218,7 +219,7 @@ async def _off_loop(state: ServerState, fn: Callable, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(state.workers, fn, *args)
 
 
-def _chat_prompt(eng: Engine, parsed: ParsedRequest, literal: bool) -> tuple[np.ndarray, Any]:
+def _chat_prompt(eng: ServerEngine, parsed: ParsedRequest, literal: bool) -> tuple[np.ndarray, Any]:
     """(prompt ids, token picker) of a chat request; runs on a worker thread (a
     response_format grammar compiles here)."""
     try:
@@ -228,7 +229,7 @@ def _chat_prompt(eng: Engine, parsed: ParsedRequest, literal: bool) -> tuple[np.
     return ids.astype(np.int64), _picker(eng, parsed)
 
 
-def _completion_prompt(eng: Engine, parsed: ParsedRequest) -> np.ndarray:
+def _completion_prompt(eng: ServerEngine, parsed: ParsedRequest) -> np.ndarray:
     """Prompt ids of a completions request; runs on a worker thread."""
     if isinstance(parsed.prompt, list):
         ids = np.asarray(parsed.prompt, np.int64)
@@ -278,7 +279,7 @@ async def _read_body(request: Request, limit: int) -> bytearray:
     return body
 
 
-def _picker(eng: Engine, parsed: ParsedRequest):
+def _picker(eng: ServerEngine, parsed: ParsedRequest):
     """The request's token picker: its sampling and its response_format grammar, if any."""
     fmt = parsed.sampling.response_format
     grammar = None if fmt is None else RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
@@ -288,7 +289,7 @@ def _picker(eng: Engine, parsed: ParsedRequest):
 async def _respond(
     request: Request,
     state: ServerState,
-    eng: Engine,
+    eng: ServerEngine,
     parsed: ParsedRequest,
     ids: np.ndarray,
     picker: TokenPicker,
@@ -345,7 +346,7 @@ async def _respond(
         eng.cancel(job)  # no-op once done; frees the slot if we leave early
 
 
-async def _watch_disconnect(request: Request, eng: Engine, job: Job) -> None:
+async def _watch_disconnect(request: Request, eng: ServerEngine, job: Job) -> None:
     """Cancel the job when the client goes away (the body is read, so ``receive`` now only
     reports the disconnect)."""
     while True:
@@ -357,7 +358,7 @@ async def _watch_disconnect(request: Request, eng: Engine, job: Job) -> None:
 
 
 async def _sse(
-    request: Request, eng: Engine, job: Job, shape: _Shape, include_usage: bool
+    request: Request, eng: ServerEngine, job: Job, shape: _Shape, include_usage: bool
 ) -> AsyncIterator[str]:
     watcher = asyncio.create_task(_watch_disconnect(request, eng, job))
     try:
@@ -394,7 +395,7 @@ class _Shape:
     model: str
     created: int
     chat: bool
-    engine: Engine
+    engine: ServerEngine
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}

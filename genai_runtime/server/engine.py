@@ -1,10 +1,13 @@
-"""The engine: one thread owns the model; requests wait in a bounded queue, then decode together.
+"""The server's engine: one thread owns the model; requests wait in a bounded queue, then decode
+together.
 
 Each step the engine admits waiting requests into free slots (prefilling their prompts, reusing
 a slot's cached prefix when the prompt starts with it), then advances every active request by
 one token: all rows in one onnxruntime call with ``BatchedSlots``, one after another with
-``InterleavedSlots``. A request cancelled by its client (or past its deadline) is dropped at the
-next step and its slot freed. Events go back to the asyncio side with ``call_soon_threadsafe``.
+``InterleavedSlots`` (the model work and the token choice are ``batching.core.DecodeCore``'s,
+shared with the 0.18 Engine API). A request cancelled by its client (or past its deadline) is
+dropped at the next step and its slot freed. Events go back to the asyncio side with
+``call_soon_threadsafe``.
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from ..decoding.chain import make_picker
+from ..batching.core import DecodeCore, Row, TokenHistory
+from ..batching.stops import StopMatcher, pending_stop_prefix
 from ..decoding.picker import TokenPicker
 from ..decoding.processors import Processor
 from ..decoding.sampling import make_rng
 from ..model import Model
 from ..spec import GenerationSpec
 from ..tokenizer import Tokenizer
-from .backends import BatchedSlots, InterleavedSlots
 from .protocol import APIError, Sampling
 
 log = logging.getLogger("genai_runtime.server")
@@ -49,14 +52,17 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     # engine-side state
-    slot: int = -1
-    tokens: list[int] = field(default_factory=list)
+    row: Row | None = None  # prompt + generated tokens, slot, logits (set on admission)
+    generated: int = 0
     text: str = ""
     sent: int = 0  # characters of ``text`` already sent
     reused: int = 0  # prompt tokens taken from a slot's cache
-    rng: np.random.Generator | None = None
     stream: Any = None
-    next_logits: np.ndarray | None = None
+    stops: StopMatcher | None = None
+
+    @property
+    def slot(self) -> int:
+        return -1 if self.row is None else self.row.slot
 
     def emit(self, *event: Any) -> None:
         try:
@@ -76,7 +82,7 @@ class Stats:
     steps: int = 0
 
 
-class Engine:
+class ServerEngine:
     def __init__(
         self,
         model: Model,
@@ -93,15 +99,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.max_queued = max_queued
         self.context = min(model.spec.generation.max_length, max_context or 1 << 62)
-        why = BatchedSlots.supports(model)
-        if batched is None:
-            batched = why is None
-        elif batched and why is not None:
-            log.warning("batched decode unavailable (%s); interleaving requests", why)
-            batched = False
-        kind = BatchedSlots if batched else InterleavedSlots
-        self.slots = kind(model, max_active, self.context)
-        self.eos = frozenset(int(t) for t in model.spec.tokens.eos)
+        self.core = DecodeCore(model, num_slots=max_active, context=self.context, batched=batched)
+        self.slots = self.core.slots
+        self.eos = self.core.eos
         self.stats = Stats()
         self.failed: str | None = None  # set if the engine thread dies
         self._waiting: deque[Job] = deque()
@@ -160,10 +160,7 @@ class Engine:
             top_p=sampling.top_p,
             temperature=sampling.temperature,
         )
-        return make_picker(
-            generation, eos_token_ids=sorted(self.eos), vocab_size=self.model.vocab_size,
-            grammar_op=grammar,
-        )  # fmt: skip
+        return self.core.picker(generation, grammar=grammar)
 
     def cancel(self, job: Job) -> None:
         job.cancelled = True
@@ -195,16 +192,12 @@ class Engine:
         now = time.monotonic()
         self._drop_finished(now)
         self._admit(now)
-        active = [j for j in self._active.values() if j.next_logits is None]
-        if active:
-            slots = [j.slot for j in active]
-            tokens = np.array([j.tokens[-1] for j in active], np.int64)
-            logits = self.slots.decode(slots, tokens)
+        waiting = [j.row for j in self._active.values() if j.row.logits is None]
+        if waiting:
+            self.core.advance(waiting)
             self.stats.steps += 1
-            for job, row in zip(active, logits):
-                job.next_logits = row
         for job in list(self._active.values()):
-            if job.next_logits is not None and not job.cancelled:
+            if job.row.logits is not None and not job.cancelled:
                 try:
                     self._choose(job)
                 except Exception as exc:  # one request's bad sampling must not stop the rest
@@ -243,15 +236,17 @@ class Engine:
                     return
                 job = self._waiting.popleft()
             slot, common = self._pick_slot(free, job.prompt)
-            job.slot = slot
             job.reused = common
-            job.rng = make_rng(-1 if job.sampling.seed is None else job.sampling.seed % 2**63)
+            rng = make_rng(-1 if job.sampling.seed is None else job.sampling.seed % 2**63)
+            job.row = Row(TokenHistory(job.prompt), job.picker, rng, processed=common)
+            self.core.place(job.row, slot)
             job.stream = self.tokenizer.create_stream()
+            job.stops = StopMatcher(job.sampling.stop)
             with self._lock:
                 self._active[slot] = job
             self._held[slot] = job.prompt[:common]
             try:
-                job.next_logits = self.slots.prefill(slot, job.prompt[common:], common)
+                self.core.advance([job.row])
             except Exception as exc:
                 self._finish(job, None)
                 self._held[slot] = np.zeros(0, np.int64)
@@ -278,45 +273,35 @@ class Engine:
         return best, max(best_common, 0)
 
     def _choose(self, job: Job) -> None:
-        logits = job.next_logits[None, :]
-        job.next_logits = None
-        s, picker = job.sampling, job.picker
-        history = _NO_HISTORY
-        if picker.ops:
-            history = np.concatenate([job.prompt, np.asarray(job.tokens, np.int64)])[None, :]
-        if s.logprobs:  # the reply reports the distribution the token was chosen from
-            logits = picker.process(history, logits)
-            token = int(picker.choose(logits, job.rng)[0])
-        else:
-            token = int(picker.pick(history, logits, job.rng)[0])
-        logits = logits[0]
+        s = job.sampling
+        # with logprobs, the reply reports the distribution the token was chosen from
+        token, complete, logits = self.core.choose(job.row, keep_logits=s.logprobs)
         if job.first_token_at is None:
             job.first_token_at = time.monotonic()
             self.stats.ttft_sum += job.first_token_at - job.submitted
             self.stats.ttft_count += 1
-        job.tokens.append(token)
+        job.row.history.append(token)
+        job.generated += 1
         self.stats.completion_tokens += 1
-        complete = picker.commit(np.array([token], np.int32))  # a grammar: can it go on?
-        complete = complete is not None and bool(complete[0])
         if token in self.eos:
             self._flush(job, job.text, [])
             return self._done(job, "stop")
         entry = self._logprob(job, logits, token) if s.logprobs else None
-        job.text += job.stream.decode(token)
-        for stop in s.stop:
-            at = job.text.find(stop, max(0, job.sent - len(stop)))
-            if at >= 0:
-                job.text = job.text[:at]
-                self._flush(job, job.text, [entry] if entry else [])
-                return self._done(job, "stop")
+        piece = job.stream.decode(token)
+        match = job.stops.feed(piece)
+        job.text += piece
+        if match is not None:
+            job.text = job.text[: match.start]
+            self._flush(job, job.text, [entry] if entry else [])
+            return self._done(job, "stop")
         if complete:  # the grammar cannot be extended: the reply is whole
             self._flush(job, job.text, [entry] if entry else [])
             return self._done(job, "stop")
-        if len(job.tokens) >= job.max_tokens:
+        if job.generated >= job.max_tokens:
             self._flush(job, job.text, [entry] if entry else [])
             return self._done(job, "length")
         # Hold back a tail that could still grow into a stop string.
-        hold = max((_overlap(job.text, stop) for stop in s.stop), default=0)
+        hold = pending_stop_prefix(job.text, s.stop)
         self._flush(job, job.text[: len(job.text) - hold], [entry] if entry else [])
 
     def _flush(self, job: Job, upto: str, entries: list) -> None:
@@ -327,8 +312,8 @@ class Engine:
     def _done(self, job: Job, reason: str) -> None:
         usage = {
             "prompt_tokens": len(job.prompt),
-            "completion_tokens": len(job.tokens),
-            "total_tokens": len(job.prompt) + len(job.tokens),
+            "completion_tokens": job.generated,
+            "total_tokens": len(job.prompt) + job.generated,
             "prompt_tokens_details": {"cached_tokens": job.reused},
         }
         self._finish(job, reason)
@@ -360,14 +345,3 @@ class Engine:
             top = top[np.argsort(-logp[top], kind="stable")]
             entry["top"] = [(int(t), float(logp[t])) for t in top]
         return entry
-
-
-_NO_HISTORY = np.zeros((1, 0), np.int64)
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest end of ``text`` that is a proper start of ``stop``."""
-    for n in range(min(len(text), len(stop) - 1), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0

@@ -517,7 +517,7 @@ def test_health_is_503_when_the_model_failed_to_load(tmp_path):
 
 def test_batched_rows_equal_their_solo_runs(small):
     """The engine's batched backend: each of 4 rows decoded together matches that row alone."""
-    from genai_runtime.server.backends import BatchedSlots
+    from genai_runtime.batching.slots import BatchedSlots
 
     model = small.state.engine.model
     tok = small.state.engine.tokenizer

@@ -25,7 +25,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("runtime",),
     ("speculative", "plugins", "multimodal"),
     ("model", "generator", "explain", "chat"),
-    ("server", "importer", "integrations"),
+    ("server", "batching", "importer", "integrations"),
     ("cli", "__init__", "__main__"),
 )
 # onnxruntime-genai's API has Model and Generator refer to each other; nothing else may loop.

@@ -1,9 +1,9 @@
-"""Where the engine's requests live while they decode: numbered slots over the model.
+"""Where the engines' sequences live while they decode: numbered slots over the model.
 
 ``InterleavedSlots`` gives each slot its own batch-1 executor and runs one slot at a time;
-``BatchedSlots`` makes each slot a row of one batched share-buffer cache, prefills a new request
-into its row through a batch-1 view of that row, and runs every active row's next token in one
-onnxruntime call. Both return float32 logits; the engine picks tokens the same way for both.
+``BatchedSlots`` makes each slot a row of one batched share-buffer cache, prefills a sequence
+into its row through a batch-1 view of that row, and runs the listed rows' next tokens in one
+onnxruntime call. Both return float32 logits; tokens are picked the same way for both.
 
 A slot keeps its cache after its request ends, so a later prompt that starts with the same
 tokens (a system prompt, a chat that goes on) reuses that prefix instead of prefilling it again.
@@ -28,7 +28,7 @@ class InterleavedSlots:
 
     kind = "interleaved"
 
-    def __init__(self, model: Model, num_slots: int, max_length: int):
+    def __init__(self, model: Model, num_slots: int, max_length: int, *, min_rows: int = 2):
         self.num_slots = num_slots
         self.max_length = max_length
         self._pipeline = model.pipeline
@@ -50,15 +50,21 @@ class InterleavedSlots:
             ex.rewind_to(0)
             raise
 
-    def decode(self, slots: list[int], tokens: np.ndarray) -> np.ndarray:
-        """One token per listed slot; logits [len(slots), V]."""
+    def decode(self, slots: list[int], tokens: np.ndarray, rows: range | None = None) -> np.ndarray:
+        """One token per listed slot; logits [len(slots), V]. ``rows`` is ignored: every slot
+        runs alone."""
         out = None
         for i, slot in enumerate(slots):
-            logits = self._slots[slot].forward(tokens[i : i + 1, None])
+            logits = self._executor(slot).forward(tokens[i : i + 1, None])
             if out is None:
                 out = np.empty((len(slots), logits.shape[-1]), np.float32)
             out[i] = logits[0]
         return out
+
+    def rewind(self, slot: int, length: int) -> None:
+        """Keep only the slot's first ``length`` tokens."""
+        if self._slots[slot] is not None:
+            self._slots[slot].rewind_to(length)
 
     def release(self, slot: int) -> None:
         """Nothing to free: the executor (and its cache) stays for prefix reuse."""
@@ -98,7 +104,7 @@ class BatchedSlots:
             return f"the decoder runs on {device} and batched rows keep their cache in host memory"
         return None
 
-    def __init__(self, model: Model, num_slots: int, max_length: int):
+    def __init__(self, model: Model, num_slots: int, max_length: int, *, min_rows: int = 2):
         why = self.supports(model)
         if why is not None:
             raise ModelError(f"batched decode is not available: {why}")
@@ -120,11 +126,12 @@ class BatchedSlots:
         # Two bindings over the same session: a batch-1 prefill and the all-rows decode.
         self._prefill = BoundSession(stage.name, session, stage.io, options)
         self._decode = BoundSession(stage.name, session, stage.io, options)
-        self._decode_rows = 0
-        # Never fewer than two rows per decode call: onnxruntime's int4 MatMulNBits kernels take
-        # another path (other rounding) for a single row, so a request's tokens would depend on
-        # whether it ran alone. From two rows on, each row's result is the same at any batch.
-        self._min_rows = min(2, num_slots)
+        self._decode_rows = (0, 0)
+        # onnxruntime's int4 MatMulNBits kernels take another path (other rounding) for a single
+        # row; from two rows on, each row's result is the same at any batch. The server never
+        # runs fewer than two rows, so a request's tokens do not depend on whether it ran alone;
+        # the 0.18 Engine API passes the rows of its batch, as the reference's static batch runs.
+        self._min_rows = min(min_rows, num_slots)
         self._names = [
             (past, present)
             for pasts, presents in zip(self._layout.past, self._layout.present)
@@ -155,7 +162,7 @@ class BatchedSlots:
             arrays.append(array)
         self._arrays = arrays
         self._capacity = capacity
-        self._decode_rows = 0  # the decode binding must point at the new buffers
+        self._decode_rows = (0, 0)  # the decode binding must point at the new buffers
 
     def prefill(self, slot: int, tokens: np.ndarray, start: int) -> np.ndarray:
         n = int(tokens.size)
@@ -181,35 +188,43 @@ class BatchedSlots:
         last = logits[0, -1] if self._logits_rank == 3 else logits[0]
         return last.astype(np.float32)
 
-    def decode(self, slots: list[int], tokens: np.ndarray) -> np.ndarray:
-        """Rows 0..max(slots) run together; rows not listed get a throwaway token written just
+    def decode(self, slots: list[int], tokens: np.ndarray, rows: range | None = None) -> np.ndarray:
+        """The listed slots' next tokens in one call over the contiguous ``rows`` (default
+        0..max(slots), at least ``min_rows``); rows not listed get a throwaway token written just
         past what they hold, so a kept prefix is never overwritten."""
-        rows = max(max(slots) + 1, self._min_rows)
-        self._reserve(int(self._lengths[:rows].max()) + 1)
-        active = np.zeros(rows, bool)
-        active[slots] = True
-        self._ids[:rows, 0] = 0
+        if rows is None:
+            rows = range(0, max(max(slots) + 1, self._min_rows))
+        lo, hi = rows.start, rows.stop
+        if not (0 <= lo <= min(slots) and max(slots) < hi <= self.num_slots):
+            raise ModelError(f"decode rows {rows} do not cover slots {slots}")
+        n = hi - lo
+        self._reserve(int(self._lengths[lo:hi].max()) + 1)
+        self._ids[lo:hi, 0] = 0
         self._ids[slots, 0] = tokens
-        lengths = self._lengths[:rows]
+        lengths = self._lengths[lo:hi]
         total = int(lengths.max()) + 1
-        mask = self._mask[: rows * total].reshape(rows, total)
+        mask = self._mask[: n * total].reshape(n, total)
         np.less_equal(np.arange(total)[None, :], lengths[:, None], out=mask, casting="unsafe")
         b = self._decode
-        b.bind_array(self._ids_feed.name, self._ids[:rows])
+        b.bind_array(self._ids_feed.name, self._ids[lo:hi])
         b.bind_array(self._mask_feed.name, mask)
         if self._pos_feed is not None:
-            self._pos[:rows, 0] = lengths
-            b.bind_array(self._pos_feed.name, self._pos[:rows])
-        if self._decode_rows != rows:
+            self._pos[lo:hi, 0] = lengths
+            b.bind_array(self._pos_feed.name, self._pos[lo:hi])
+        if self._decode_rows != (lo, hi):
             for (past, present), array in zip(self._names, self._arrays):
-                b.bind_array(past, array[:rows])
-                b.bind_output_array(present, array[:rows])
-            shape = (rows, 1, self._vocab) if self._logits_rank == 3 else (rows, self._vocab)
-            b.bind_output_array(self._logits_name, self._logits[:rows].reshape(shape))
-            self._decode_rows = rows
+                b.bind_array(past, array[lo:hi])
+                b.bind_output_array(present, array[lo:hi])
+            shape = (n, 1, self._vocab) if self._logits_rank == 3 else (n, self._vocab)
+            b.bind_output_array(self._logits_name, self._logits[lo:hi].reshape(shape))
+            self._decode_rows = (lo, hi)
         b.run()
         self._lengths[slots] += 1
         return self._logits[slots].astype(np.float32)
+
+    def rewind(self, slot: int, length: int) -> None:
+        """Keep only the row's first ``length`` tokens (later ones get overwritten)."""
+        self._lengths[slot] = min(int(self._lengths[slot]), length)
 
     def release(self, slot: int) -> None:
         """The row keeps its keys/values (prefix reuse); its length is what it holds."""

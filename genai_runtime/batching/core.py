@@ -1,0 +1,183 @@
+"""The decode core both engines run: sequences in slots, batched decode calls, one token choice.
+
+The OpenAI server (``server.engine``) and onnxruntime-genai's 0.18 Engine API
+(``batching.engine``) schedule differently: the server admits requests continuously from its own
+thread; the 0.18 API forms batches as the reference's static batch does and is pumped by
+``run()``. Both bring their rows up to date, decode and choose tokens through ``DecodeCore``:
+slots from ``batching.slots``, pickers from ``decoding.chain.make_picker`` (the one
+token-choice path), EOS ids from the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..decoding.chain import make_picker
+from ..decoding.picker import TokenPicker
+from ..decoding.processors import Processor
+from ..model import Model
+from ..spec import GenerationSpec
+from .slots import BatchedSlots, InterleavedSlots
+
+log = logging.getLogger("genai_runtime.batching")
+
+_NO_HISTORY = np.zeros((1, 0), np.int64)
+
+
+class TokenHistory:
+    """A sequence's tokens in one growing int64 buffer: appends in place, views without copies
+    (the picker's processors read ``view()`` every step)."""
+
+    def __init__(self, tokens: Any = (), capacity: int = 256):
+        tokens = np.asarray(tokens, np.int64).ravel()
+        self._buf = np.empty((1, max(capacity, 2 * tokens.size)), np.int64)
+        self._len = 0
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> int:
+        return int(self.array()[index])
+
+    def _room(self, extra: int) -> None:
+        if self._len + extra > self._buf.shape[1]:
+            grown = np.empty((1, max(2 * self._buf.shape[1], self._len + extra)), np.int64)
+            grown[0, : self._len] = self._buf[0, : self._len]
+            self._buf = grown
+
+    def append(self, token: int) -> None:
+        self._room(1)
+        self._buf[0, self._len] = token
+        self._len += 1
+
+    def extend(self, tokens: np.ndarray) -> None:
+        self._room(tokens.size)
+        self._buf[0, self._len : self._len + tokens.size] = tokens
+        self._len += tokens.size
+
+    def truncate(self, length: int) -> None:
+        self._len = min(self._len, length)
+
+    def view(self) -> np.ndarray:
+        """``[1, len]``: what the picker's processors read."""
+        return self._buf[:, : self._len]
+
+    def array(self) -> np.ndarray:
+        return self._buf[0, : self._len]
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence in a slot: its tokens, how many of them the slot holds, how it picks."""
+
+    history: TokenHistory
+    picker: TokenPicker
+    rng: np.random.Generator
+    slot: int = -1
+    processed: int = 0  # leading tokens whose keys/values the slot holds
+    logits: np.ndarray | None = None  # next-token logits, once the slot holds every token
+
+    @property
+    def pending(self) -> int:
+        """Tokens still to run through the model."""
+        return len(self.history) - self.processed
+
+
+class Choice(NamedTuple):
+    token: int
+    complete: bool  # a grammar cannot go on after this token
+    logits: np.ndarray | None  # the processed row it was chosen from (when asked for)
+
+
+class DecodeCore:
+    """Slots over one model plus the steps every engine takes with them.
+
+    ``batched=None`` picks ``BatchedSlots`` when the model allows it (one onnxruntime call for
+    every row), else ``InterleavedSlots``. ``min_rows`` is the fewest rows a batched decode call
+    runs when the caller names no span (the server: 2, see ``BatchedSlots``).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        num_slots: int,
+        context: int,
+        batched: bool | None = None,
+        min_rows: int = 2,
+    ):
+        self.model = model
+        self.context = context
+        why = BatchedSlots.supports(model)
+        if batched is None:
+            batched = why is None
+        elif batched and why is not None:
+            log.warning("batched decode unavailable (%s); interleaving requests", why)
+            batched = False
+        kind = BatchedSlots if batched else InterleavedSlots
+        self.slots = kind(model, num_slots, context, min_rows=min_rows)
+        self.eos = frozenset(int(t) for t in model.spec.tokens.eos)
+        self.vocab_size = model.vocab_size
+
+    def picker(
+        self,
+        generation: GenerationSpec,
+        *,
+        grammar: Processor | None = None,
+        guidance: tuple[str, str] | None = None,
+    ) -> TokenPicker:
+        """A token picker for one sequence: ``generation``'s search options and, optionally, a
+        built ``grammar`` or a ``guidance`` (type, data) pair compiled against the model's
+        tokenizer."""
+        model_dir = self.model.spec.model_dir
+        return make_picker(
+            generation, eos_token_ids=sorted(self.eos), vocab_size=self.vocab_size,
+            guidance=guidance, grammar_op=grammar,
+            tokenizer_json=None if model_dir is None else model_dir / "tokenizer.json",
+        )  # fmt: skip
+
+    def place(self, row: Row, slot: int) -> None:
+        """Put ``row`` in ``slot``, whose first ``row.processed`` tokens it may reuse."""
+        row.slot = slot
+        row.logits = None
+        self.slots.rewind(slot, row.processed)
+
+    def advance(self, rows: list[Row], span: range | None = None) -> None:
+        """Run every row's pending tokens so each holds its next-token logits. Rows with several
+        pending tokens prefill one by one; rows with one decode together in one call over
+        ``span`` (see ``BatchedSlots.decode``)."""
+        single = []
+        for row in rows:
+            if row.pending > 1:
+                tokens = row.history.array()[row.processed :]
+                row.logits = self.slots.prefill(row.slot, tokens, row.processed)
+                row.processed = len(row.history)
+            elif row.pending == 1:
+                single.append(row)
+        if single:
+            tokens = np.array([row.history[-1] for row in single], np.int64)
+            logits = self.slots.decode([row.slot for row in single], tokens, span)
+            for row, values in zip(single, logits):
+                row.logits = values
+                row.processed += 1
+
+    def choose(self, row: Row, *, keep_logits: bool = False) -> Choice:
+        """The row's next token from its logits (consumed) through its picker, committed to the
+        picker's grammar. ``keep_logits``: also return the processed row it was drawn from."""
+        logits = row.logits[None, :]
+        row.logits = None
+        picker = row.picker
+        history = row.history.view() if picker.ops else _NO_HISTORY
+        if keep_logits:
+            logits = picker.process(history, logits)
+            token = int(picker.choose(logits, row.rng)[0])
+        else:
+            token = int(picker.pick(history, logits, row.rng)[0])
+        complete = picker.commit(np.array([token], np.int32))
+        complete = complete is not None and bool(complete[0])
+        return Choice(token, complete, logits[0] if keep_logits else None)
