@@ -87,6 +87,7 @@ class _Turn:
         self.policy = policy
         self.prompt_tokens = prompt_tokens
         self.generated = 0
+        self.grammar_done = False  # its grammar accepts nothing but end-of-sequence now
         self.stops: tuple[Any, StopMatcher] | None = stops  # (tokenizer stream, matcher)
 
     def usage(self) -> TurnUsage:
@@ -467,7 +468,10 @@ class Engine:
 
     def _choose(self, s: _Session) -> None:
         turn, row = s.turn, s.row
-        token = self._core.choose(row).token
+        if turn.grammar_done:  # the grammar allows only end-of-sequence: the turn ends there
+            row.logits = None
+            return self._finish(s, FinishReason.EOS)
+        token, turn.grammar_done, _ = self._core.choose(row)
         if token in self._core.eos:  # never part of the request's tokens
             return self._finish(s, FinishReason.EOS)
         row.history.append(token)
