@@ -306,7 +306,7 @@ class Engine:
         if policy.seed is not None:
             s.row.rng = make_rng(policy.seed % (1 << 63))
         s.turn = _Turn(turn_id, policy, int(ids.size), stops)
-        if s in self._batch:  # a member continues within its batch
+        if s in self._batch and s.row.slot >= 0:  # a resident member continues in its batch
             s.state = _Session.ACTIVE
         else:
             s.state = _Session.QUEUED
