@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from ..config import V2_SCHEMA_NAME
 from ..errors import ConfigError, GenaiRuntimeError
 from ..importer import commands as importer_commands
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="genai-runtime",
         description="Config-driven ONNX generative-model runtime (onnxruntime-genai compatible).",
     )
+    parser.add_argument("--version", action="version", version=f"genai-runtime {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.add_parsers(sub)
