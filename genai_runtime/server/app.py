@@ -2,7 +2,8 @@
 
 Nothing here touches the model: requests are parsed (``protocol``), turned into token ids, and
 handed to the engine thread as ``Job``s; results come back as events on an asyncio queue.
-Prompts and generated text are never logged (only sizes, timings and unknown field names).
+Prompts and generated text are never logged: one access line per request (``access_log``)
+says method, path, status, token counts, time and the names of ignored fields.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import GenaiRuntimeError
+from .access_log import AccessLog, note_ignored, note_usage
 from .engine import Engine, Job
 from .protocol import RESPONSE_FORMATS, APIError, ParsedRequest, bad, parse_chat, parse_completion
 
@@ -99,6 +102,7 @@ def create_app(state: ServerState) -> Starlette:
         authorize(request)
         parsed = parse_chat(await _read_json(request, state.max_body))
         eng = _checked(state, parsed, engine())
+        note_ignored(request.scope, parsed.unknown)
         try:
             text = eng.tokenizer.apply_chat_template(parsed.messages, add_generation_prompt=True)
         except GenaiRuntimeError as exc:  # e.g. the sandbox refused what a template tried
@@ -110,6 +114,7 @@ def create_app(state: ServerState) -> Starlette:
         authorize(request)
         parsed = parse_completion(await _read_json(request, state.max_body))
         eng = _checked(state, parsed, engine())
+        note_ignored(request.scope, parsed.unknown)
         if isinstance(parsed.prompt, list):
             ids = np.asarray(parsed.prompt, np.int64)
             vocab = eng.model.vocab_size or 0
@@ -144,6 +149,7 @@ def create_app(state: ServerState) -> Starlette:
     ]
     return Starlette(
         routes=routes,
+        middleware=[Middleware(AccessLog)],
         exception_handlers={
             APIError: api_error,
             HTTPException: http_error,
@@ -176,8 +182,6 @@ def _checked(state: ServerState, parsed: ParsedRequest, eng: Engine) -> Engine:
     # The model field is a served name, compared as a string: never opened as a path.
     if parsed.model != state.served_name:
         raise _no_model(parsed.model, state.served_name)
-    if parsed.unknown:
-        log.info("ignored unknown request fields: %s", ", ".join(parsed.unknown[:20]))
     return eng
 
 
@@ -238,7 +242,7 @@ async def _respond(
     )
     eng.submit(job)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    log.info("%s: %d prompt tokens, max_tokens %d", rid, len(ids), max_tokens)
+    log.debug("%s: %d prompt tokens, max_tokens %d", rid, len(ids), max_tokens)
     shape = _Shape(rid, parsed.model, int(time.time()), chat, eng)
     if parsed.stream:
         return StreamingResponse(
@@ -259,6 +263,7 @@ async def _respond(
             elif event[0] == "gone":
                 return Response(status_code=499)
             else:
+                note_usage(request.scope, event[2])
                 return JSONResponse(shape.final("".join(text), entries, event[1], event[2]))
     finally:
         watcher.cancel()
@@ -292,6 +297,7 @@ async def _sse(
             elif event[0] == "gone":
                 return
             else:
+                note_usage(request.scope, event[2])
                 yield _frame(shape.chunk(finish=event[1], usage=include_usage))
                 if include_usage:
                     yield _frame(shape.usage_chunk(event[2]))
