@@ -27,7 +27,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 error, 2 usage)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # argparse fills an optional positional (run's PROMPT) before the options that follow
+        # the model; a lone word left after them is that positional.
+        late = getattr(args, "late_positional", None)
+        lone_word = len(extra) == 1 and (extra[0] == "-" or not extra[0].startswith("-"))
+        if late and getattr(args, late) is None and lone_word:
+            setattr(args, late, extra.pop())
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         check = getattr(args, "check", None)
         problem = check(args) if check is not None else None
         if problem:

@@ -79,7 +79,7 @@ def add_parsers(sub: Any) -> None:
     )
     guide.add_argument("--regex", metavar="PATTERN", help="constrain the output to a regex")
     guide.add_argument("--lark", metavar="FILE", help="constrain the output to a Lark grammar")
-    p.set_defaults(func=cmd_run, check=_check_run)
+    p.set_defaults(func=cmd_run, check=_check_run, late_positional="text")
 
     p = sub.add_parser("bench", help="measure prefill / decode speed and memory")
     p.add_argument("model_dir", metavar="MODEL_DIR")
