@@ -151,7 +151,7 @@ def find_config_file(path: str | Path) -> Path:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError([ConfigProblem("", f"cannot use path {shown}: {reason}")]) from None
     message = f"{shown} does not exist (expected a model folder or a config file)"
-    if isinstance(path, str) and is_model_name(path):
+    if is_model_name(str(path)):
         message = (
             f"{shown} is neither a model folder, a config file nor a pulled model (nothing named "
             f"so in {clip_text(str(cache_root()))}; genai-runtime pull --list names the models "
