@@ -21,6 +21,7 @@ access = logging.getLogger("genai_runtime.server.access")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _MAX_SHOWN = 120
+_HANDLER_NAME = "genai_runtime.serve"
 
 Scope = MutableMapping[str, Any]
 
@@ -91,7 +92,10 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> logg
         raise GenaiRuntimeError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(logging.Formatter(_FORMAT))
+    handler.set_name(_HANDLER_NAME)
     logger = logging.getLogger("genai_runtime")
+    for old in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
+        logger.removeHandler(old)  # configured again: replace, never print twice
     logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False  # uvicorn may configure the root logger too: print each line once
