@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
+from ..config.bounded import clip_text
 from ..errors import GenaiRuntimeError
 
 access = logging.getLogger("genai_runtime.server.access")
@@ -28,8 +29,7 @@ Scope = MutableMapping[str, Any]
 
 def shown(text: str) -> str:
     """``text`` for one log line: control and non-ASCII characters escaped, cut short."""
-    escaped = ascii(text)[1:-1]
-    return escaped if len(escaped) <= _MAX_SHOWN else escaped[: _MAX_SHOWN - 3] + "..."
+    return clip_text(ascii(text)[1:-1], _MAX_SHOWN)
 
 
 def note_usage(scope: Scope, usage: dict[str, Any]) -> None:
