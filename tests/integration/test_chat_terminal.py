@@ -94,7 +94,7 @@ def expected_replies(model_dir: Path) -> list[str]:
     return ["".join(session.send(text)) for text in [*FIRST, FOURTH]]
 
 
-def test_chat_at_a_terminal(smollm2_dir, tmp_path):
+def test_chat_at_a_terminal(smollm2_dir, tmp_path, request):
     env = {
         **os.environ,
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
@@ -105,6 +105,7 @@ def test_chat_at_a_terminal(smollm2_dir, tmp_path):
     argv = [sys.executable, "-m", "genai_runtime", "chat", str(smollm2_dir)]
     argv += ["--max-new-tokens", str(MAX_NEW), "--max-length", str(MAX_LENGTH)]
     term = Terminal(argv, env)
+    request.addfinalizer(lambda: term.child.terminate(force=True))  # if a check fails midway
     want = expected_replies(smollm2_dir)
     term.wait(term.idle, "the first prompt")
     assert re.search(
