@@ -49,10 +49,11 @@ def add_parsers(sub: Any) -> None:
         "chat",
         help="interactive multi-turn chat",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Chat with a model; the KV cache is kept between turns. At a terminal lines "
-        "have editing and history\n(kept in the user's cache folder). Ctrl-C stops a reply and "
-        "forgets that turn; Ctrl-C again, or Ctrl-D, leaves.\nWhen the context fills, the oldest "
-        "turns are dropped (the system message stays).\n\ncommands:\n" + _command_list(),
+        description="Chat with a model; the KV cache is kept between turns.\n"
+        "At a terminal, lines have editing and a history (in the user's cache folder).\n"
+        "Ctrl-C stops a reply and forgets that turn; Ctrl-C again, or Ctrl-D, leaves.\n"
+        "When the context fills, the oldest turns are dropped (the system message stays).\n\n"
+        "commands:\n" + _command_list(),
         epilog=SAMPLING_RULE + ".",
     )
     p.add_argument("model_dir", metavar="MODEL", help="model folder, config file or pulled name")
