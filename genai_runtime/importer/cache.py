@@ -10,6 +10,7 @@ import os
 
 from ..config.pulled import CACHE_ENV, cache_root, is_model_name, pulled_folder
 from ..errors import ModelError
+from .catalogue import SOURCES
 
 __all__ = ["CACHE_ENV", "cache_root", "resolve_model_dir"]
 
@@ -21,8 +22,6 @@ def resolve_model_dir(name_or_path: str) -> str:
         return str(folder)
     if not is_model_name(name_or_path) or os.path.exists(name_or_path):
         return name_or_path
-    from .pull import SOURCES
-
     if name_or_path in SOURCES:
         raise ModelError(
             f"model {name_or_path!r} is not pulled yet (looked in {cache_root() / name_or_path}); "

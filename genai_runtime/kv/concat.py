@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 import onnxruntime as ort
 
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
 from .base import KVLayout
 
 
@@ -35,6 +35,10 @@ class ConcatCache:
     @property
     def nbytes(self) -> int:
         return self.length * self.layout.bytes_per_token(self._batch)
+
+    def held_shape(self) -> list[int]:
+        """The shape of the first cached tensor (what the graph last returned as present)."""
+        return list(self._past[0].shape())
 
     def bind(self, stage: BoundSession, num_new: int) -> None:
         for name, value in zip(self._past_names, self._past):

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
 from .base import KVCache
 from .static_scatter import RowDrivers
 
 if TYPE_CHECKING:
-    from ..runtime.positions import PositionState
+    from ..session.positions import PositionState
 
 
 class DriverFed:

@@ -24,7 +24,7 @@ from typing import ClassVar
 import numpy as np
 import onnxruntime as ort
 
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
 from .base import KVLayout, bind_in_place
 
 

@@ -12,11 +12,11 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
 from .base import KVLayout, PreallocatedBuffers, bind_in_place
 
 if TYPE_CHECKING:
-    from ..runtime.positions import PositionState
+    from ..session.positions import PositionState
 
 
 class RowDrivers:

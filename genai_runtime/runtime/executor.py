@@ -20,13 +20,13 @@ from functools import cached_property
 import numpy as np
 import onnxruntime as ort
 
-from ..config.spec import TokensSpec
 from ..errors import GenerationError, ModelError, UnsupportedError
 from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
-from .bound import BoundSession
+from ..session.bound import BoundSession
+from ..session.positions import PositionState
+from ..spec import TokensSpec
 from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan, StagePlan, role_name
-from .positions import PositionState
 from .sessions import run_options
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from ..config.spec import PipelineSpec, SessionOptionsSpec, SessionSpec
 from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError
+from ..session.graph_io import SessionIO
+from ..spec import PipelineSpec, SessionOptionsSpec, SessionSpec
 from . import prune
-from .graph_io import SessionIO
 
 # genai_config provider names -> onnxruntime execution providers.
 PROVIDERS = {

@@ -203,11 +203,10 @@ async def _read_json(request: Request, limit: int) -> Any:
         raise bad(f"the request body is not valid JSON: {str(exc)[:100]}") from exc
 
 
-def _processor(eng: Engine, parsed: ParsedRequest):
+def _picker(eng: Engine, parsed: ParsedRequest):
     fmt = parsed.sampling.response_format
-    if fmt is None:
-        return None
-    return RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
+    grammar = None if fmt is None else RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
+    return eng.picker(parsed.sampling, grammar)
 
 
 async def _respond(
@@ -238,7 +237,7 @@ async def _respond(
         deadline=time.monotonic() + state.timeout,
         loop=loop,
         events=asyncio.Queue(),
-        processor=_processor(eng, parsed),
+        picker=_picker(eng, parsed),
     )
     eng.submit(job)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]

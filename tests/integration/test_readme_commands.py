@@ -23,7 +23,7 @@ from conftest import REPO, _shared_root, require_shared
 import genai_runtime as og
 from genai_runtime.cli import main
 from genai_runtime.config import load
-from genai_runtime.importer.pull import SOURCES
+from genai_runtime.importer.catalogue import SOURCES
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, flags=re.S | re.M)

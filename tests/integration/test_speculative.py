@@ -15,8 +15,10 @@ import speculative_models as sm
 from scipy import stats
 
 import genai_runtime as og
-from genai_runtime.decoding.speculative import AdaptiveK, NgramProposer, accept
+from genai_runtime.decoding.acceptance import accept
 from genai_runtime.errors import ConfigError, GenerationError, ModelError, TrustError
+from genai_runtime.speculative import AdaptiveK
+from genai_runtime.speculative.proposers import NgramProposer
 
 PROMPT = [1, 5, 9, 2, 7, 5, 9]
 
