@@ -151,7 +151,7 @@ def _extras_needed(args: argparse.Namespace) -> None:
     if args.audio is not None:
         require_extra("audio", "--audio")
     if args.json_schema is not None or args.regex is not None or args.lark is not None:
-        require_extra("constrained", "--json-schema, --regex and --lark")
+        require_extra("constrained", "constrained output (--json-schema, --regex, --lark)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
