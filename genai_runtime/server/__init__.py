@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..config.pulled import pulled_folder
 from ..errors import GenaiRuntimeError
-from .access_log import configure_logging
+from .access_log import configure_logging, remove_logging
 
 __all__ = ["ServerHandle", "build_engine", "is_loopback", "serve"]
 
@@ -48,13 +48,16 @@ def build_engine(model_dir: str | Path, **engine_options):
 def serve(model_dir: str, *, log_level: str = "info", **options) -> None:
     """Serve until interrupted (``genai-runtime serve``); options as for ``ServerHandle``.
     Log records (one access line per request at ``info``) go to stderr."""
-    configure_logging(log_level)
-    handle = ServerHandle(model_dir, log_level=log_level, **options)
-    print(f"serving {handle.state.served_name!r} on {handle.url}/v1", flush=True)
+    handler = configure_logging(log_level)
     try:
-        handle.server.run(sockets=[handle.sock])
-    finally:
-        handle.close_engine()
+        handle = ServerHandle(model_dir, log_level=log_level, **options)
+        print(f"serving {handle.state.served_name!r} on {handle.url}/v1", flush=True)
+        try:
+            handle.server.run(sockets=[handle.sock])
+        finally:
+            handle.close_engine()
+    finally:  # in-process callers (tests) keep no handler on a stream that may close
+        remove_logging(handler)
 
 
 class ServerHandle:

@@ -100,3 +100,10 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> logg
     logger.setLevel(level.upper())
     logger.propagate = False  # uvicorn may configure the root logger too: print each line once
     return handler
+
+
+def remove_logging(handler: logging.Handler) -> None:
+    """Undo ``configure_logging``: remove its handler and let records propagate again."""
+    logger = logging.getLogger("genai_runtime")
+    logger.removeHandler(handler)
+    logger.propagate = True
