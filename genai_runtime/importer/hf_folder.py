@@ -217,13 +217,14 @@ class HFCheckpoint:
             return Rope(base, dim, factors=llama3_factors(base, dim, p))
         if kind in ("longrope", "su"):
             attn = p.get("attention_factor") or longrope_scale(context, original)
+            # Rounded to fp32 as a GGUF stores them: both sources give the same tables.
             return Rope(
                 base,
                 dim,
-                factors=tuple(float(v) for v in p["short_factor"]),
-                long_factors=tuple(float(v) for v in p["long_factor"]),
+                factors=tuple(np.asarray(p["short_factor"], np.float32).tolist()),
+                long_factors=tuple(np.asarray(p["long_factor"], np.float32).tolist()),
                 original_context=original,
-                attn_factor=float(attn),
+                attn_factor=float(np.float32(attn)),
             )
         raise UnsupportedError(
             f"{self.path / 'config.json'}: rope type {kind!r} is not supported; supported: "
