@@ -15,36 +15,27 @@ from typing import Any
 import numpy as np
 
 from ..errors import UnsupportedError
-from .checkpoint import Hyper, Rope, rope_cos_sin
+from .checkpoint import Hyper, Rope, inverse_frequencies
 from .graph import GraphBuilder
 
 
 def rope_tables(g: GraphBuilder, h: Hyper, rope: Rope, tag: str = "") -> tuple[str, str]:
-    """(cos, sin) names for GroupQueryAttention. With longrope's long factors, an ``If`` on the
-    total length picks the long tables past ``rope.original_context`` (the reference builder's
-    form); tokens already cached keep the rotation they got."""
+    """(cos, sin) [positions, rope.dim/2] for GroupQueryAttention. With longrope's long factors,
+    an ``If`` on the total length picks the long tables past ``rope.original_context`` (the
+    reference builder's form); tokens already cached keep the rotation they got."""
     if not rope.long_factors:
-        cos, sin = rope_cos_sin(rope, h.context_length)
-        return g.const(f"cos_cache{tag}", cos), g.const(f"sin_cache{tag}", sin)
-    from onnx import helper
+        return _table(g, rope, h.context_length, False, tag)
+    from onnx import TensorProto, helper
 
-    short = [
-        g.const(f"{n}_cache_small{tag}", t)
-        for n, t in zip(("cos", "sin"), rope_cos_sin(rope, rope.original_context))
-    ]
-    long = [
-        g.const(f"{n}_cache_large{tag}", t)
-        for n, t in zip(("cos", "sin"), rope_cos_sin(rope, h.context_length, long=True))
-    ]
+    short = _table(g, rope, rope.original_context, False, tag + "_small")
+    long = _table(g, rope, h.context_length, True, tag + "_large")
     shape = g.op("Shape", ["attention_mask"])
     total = g.op("Gather", [shape, g.const("idx1", np.array(1))])
     cond = g.op("Greater", [total, g.const("original_context", np.array(rope.original_context))])
 
-    def branch(name: str, tables: list[str]) -> Any:
+    def branch(name: str, tables: tuple[str, str]) -> Any:
         outs = [f"{name}/{t}" for t in ("cos", "sin")]
         nodes = [helper.make_node("Identity", [t], [o]) for t, o in zip(tables, outs)]
-        from onnx import TensorProto
-
         values = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs]
         return helper.make_graph(nodes, name, [], values)
 
@@ -52,9 +43,32 @@ def rope_tables(g: GraphBuilder, h: Hyper, rope: Rope, tag: str = "") -> tuple[s
         "If",
         [cond],
         n_out=2,
-        then_branch=branch("long_rope", long),
-        else_branch=branch("short_rope", short),
+        then_branch=branch("long_rope" + tag, long),
+        else_branch=branch("short_rope" + tag, short),
     )
+    return cos, sin
+
+
+def _table(g: GraphBuilder, rope: Rope, positions: int, long: bool, tag: str) -> tuple[str, str]:
+    """cos/sin tables computed by the graph from the positions and the inverse frequencies, in
+    fp32 as transformers computes them; onnxruntime folds them into constants at load, so the
+    model file holds only ``inv_freq`` (Gemma 3's 32k x 128 tables would be 67 MB)."""
+    inv = inverse_frequencies(rope, long)[None, :].astype(np.float32)
+    f32 = np.float32
+    pos = g.op(
+        "Range",
+        [
+            g.const("zero_f32", np.array(0, f32)),
+            g.const(f"positions_{positions}", np.array(positions, f32)),
+            g.const("one_f32", np.array(1, f32)),
+        ],
+    )
+    col = g.op("Unsqueeze", [pos, g.const("axis_1", np.array([1], np.int64))])
+    angles = g.op("Mul", [col, g.const(f"inv_freq{tag}", inv)])
+    cos, sin = g.op("Cos", [angles]), g.op("Sin", [angles])
+    if rope.attn_factor != 1.0:
+        scale = g.const(f"rope_scale{tag}", np.array(rope.attn_factor, f32))
+        cos, sin = g.op("Mul", [cos, scale]), g.op("Mul", [sin, scale])
     return cos, sin
 
 

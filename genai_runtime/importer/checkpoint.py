@@ -121,17 +121,15 @@ class Hyper:
         return self.rope.base
 
 
-def rope_cos_sin(rope: Rope, positions: int, long: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables [positions, rope.dim/2] (``long``: with ``rope.long_factors``)."""
+def inverse_frequencies(rope: Rope, long: bool = False) -> np.ndarray:
+    """inv_freq [rope.dim/2] (float64), the linear factor and per-dimension factors applied
+    (``long``: ``rope.long_factors``)."""
     exponent = np.arange(0, rope.dim, 2, dtype=np.float64) / rope.dim
-    inv_freq = 1.0 / (rope.base**exponent)
+    inv_freq = 1.0 / (rope.base**exponent) / rope.linear
     factors = rope.long_factors if long else rope.factors
     if factors:
         inv_freq = inv_freq / np.asarray(factors, np.float64)
-    t = np.arange(positions, dtype=np.float64) / rope.linear
-    freqs = np.outer(t, inv_freq)
-    scale = rope.attn_factor
-    return (np.cos(freqs) * scale).astype(np.float32), (np.sin(freqs) * scale).astype(np.float32)
+    return inv_freq
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,8 @@ class Vocab:
     add_bos: bool
     add_eos: bool
     chat_template: str | None
+    # SentencePiece: a "▁" before the text (llama.cpp's default; Gemma's GGUFs turn it off).
+    add_space_prefix: bool = True
 
 
 @dataclass(frozen=True)
@@ -316,31 +318,43 @@ class GGUFModel:
 
     # -- vocabulary ------------------------------------------------------------------------
     def vocab(self) -> Vocab:
-        def strings(key: str) -> tuple[str, ...]:
-            return tuple(str(x) for x in self.fields.get(key, ()))
+        return vocab_from_metadata(self.fields, self.path)
 
-        def numbers(key: str) -> tuple[Any, ...]:
-            return tuple(self.fields.get(key, ()))
 
-        def opt_int(key: str) -> int | None:
-            value = self.meta(key, None)
-            return None if value is None else int(value)
+def vocab_from_metadata(fields: dict[str, Any], path: Path) -> Vocab:
+    """The tokenizer a GGUF's ``tokenizer.ggml.*`` metadata describes."""
 
-        tokens = strings("tokenizer.ggml.tokens")
-        if not tokens:
-            raise ModelError(f"{self.path}: no tokenizer vocabulary (tokenizer.ggml.tokens)")
-        return Vocab(
-            model=str(self.meta("tokenizer.ggml.model")),
-            pre=str(self.meta("tokenizer.ggml.pre", "default")),
-            tokens=tokens,
-            token_types=numbers("tokenizer.ggml.token_type") or (1,) * len(tokens),
-            merges=strings("tokenizer.ggml.merges"),
-            scores=numbers("tokenizer.ggml.scores"),
-            bos_id=opt_int("tokenizer.ggml.bos_token_id"),
-            eos_id=opt_int("tokenizer.ggml.eos_token_id"),
-            unk_id=opt_int("tokenizer.ggml.unknown_token_id"),
-            pad_id=opt_int("tokenizer.ggml.padding_token_id"),
-            add_bos=bool(self.meta("tokenizer.ggml.add_bos_token", False)),
-            add_eos=bool(self.meta("tokenizer.ggml.add_eos_token", False)),
-            chat_template=self.meta("tokenizer.chat_template", None),
-        )
+    def meta(key: str, default: Any = ...) -> Any:
+        if key not in fields and default is ...:
+            raise ModelError(f"{path}: GGUF metadata key {key!r} is missing")
+        return fields.get(key, default)
+
+    def strings(key: str) -> tuple[str, ...]:
+        return tuple(str(x) for x in fields.get(key, ()))
+
+    def numbers(key: str) -> tuple[Any, ...]:
+        return tuple(fields.get(key, ()))
+
+    def opt_int(key: str) -> int | None:
+        value = meta(key, None)
+        return None if value is None else int(value)
+
+    tokens = strings("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ModelError(f"{path}: no tokenizer vocabulary (tokenizer.ggml.tokens)")
+    return Vocab(
+        model=str(meta("tokenizer.ggml.model")),
+        pre=str(meta("tokenizer.ggml.pre", "default")),
+        tokens=tokens,
+        token_types=numbers("tokenizer.ggml.token_type") or (1,) * len(tokens),
+        merges=strings("tokenizer.ggml.merges"),
+        scores=numbers("tokenizer.ggml.scores"),
+        bos_id=opt_int("tokenizer.ggml.bos_token_id"),
+        eos_id=opt_int("tokenizer.ggml.eos_token_id"),
+        unk_id=opt_int("tokenizer.ggml.unknown_token_id"),
+        pad_id=opt_int("tokenizer.ggml.padding_token_id"),
+        add_bos=bool(meta("tokenizer.ggml.add_bos_token", False)),
+        add_eos=bool(meta("tokenizer.ggml.add_eos_token", False)),
+        chat_template=meta("tokenizer.chat_template", None),
+        add_space_prefix=bool(meta("tokenizer.ggml.add_space_prefix", True)),
+    )

@@ -62,12 +62,22 @@ def check_type(t: Any, source: str) -> None:
         )
 
 
+ROW_CHUNK = 16384  # rows dequantised at a time: the dequantiser's temporaries stay small
+
+
 def dequantize(t: Any) -> np.ndarray:
-    """The tensor as fp32, GGUF row order: [ne1, ne0] = [out_features, in_features] for weights."""
+    """The tensor as fp32, GGUF row order: [ne1, ne0] = [out_features, in_features] for weights.
+    A large table goes a block of rows at a time (262k x 640 for Gemma 3)."""
     from gguf import quants
 
-    out = quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32, copy=False)
-    return out.reshape(-1, int(t.shape[0])) if len(t.shape) > 1 else out.reshape(-1)
+    data = np.asarray(t.data)
+    if len(t.shape) == 1:
+        return quants.dequantize(data, t.tensor_type).astype(np.float32, copy=False).reshape(-1)
+    out = np.empty((data.shape[0], int(t.shape[0])), np.float32)
+    for start in range(0, data.shape[0], ROW_CHUNK):
+        part = quants.dequantize(data[start : start + ROW_CHUNK], t.tensor_type)
+        out[start : start + ROW_CHUNK] = part.reshape(-1, out.shape[1])
+    return out
 
 
 @dataclass(frozen=True)
@@ -201,15 +211,20 @@ def _eight_bit(t: Any, name: str, raw: np.ndarray, n: int) -> Blocks:
         scales, offsets = _fp16(b, 0), _fp16(b, 2)
     else:
         scales = _fp16(b, 0)
-    values = dequantize(t).reshape(n, scales.shape[1], -1)
-    shifted = values if offsets is None else values - offsets[..., None]
-    safe = np.where(scales == 0, 1.0, scales)[..., None]
     # Signed codes (q - 16 for Q5_0, ...) sit around zero point 128; offset types keep q >= 0.
     zero = 128 if offsets is None else 0
-    codes = np.rint(shifted / safe) + zero
-    codes = np.where(scales[..., None] == 0, 128, codes)  # an all-zero block: any code
+    codes = np.empty((n, scales.shape[1], t.shape[0] // scales.shape[1]), np.uint8)
+    for start in range(0, n, ROW_CHUNK):
+        rows = slice(start, start + ROW_CHUNK)
+        part = dataclasses.replace(t, data=t.data[rows])
+        values = dequantize(part).reshape(-1, *codes.shape[1:])
+        if offsets is not None:
+            values -= offsets[rows, :, None]
+        scale = scales[rows, :, None]
+        q = np.rint(values / np.where(scale == 0, 1.0, scale)) + zero
+        codes[rows] = np.where(scale == 0, 128, q).clip(0, 255)  # an all-zero block: any code
     zp = np.full(scales.shape, zero, np.uint8)
-    return Blocks(8, codes.clip(0, 255).astype(np.uint8), scales.astype(np.float32), zp, offsets)
+    return Blocks(8, codes, scales.astype(np.float32), zp, offsets)
 
 
 def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

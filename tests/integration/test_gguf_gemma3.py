@@ -104,7 +104,7 @@ def test_tiny_gemma3_configs_and_graph(tiny):
     assert gqa["/layers.0/attn/GroupQueryAttention"]["local_window_size"] == G.WINDOW
     assert gqa["/layers.5/attn/GroupQueryAttention"]["local_window_size"] == -1
     inits = {i.name for i in graph.initializer}
-    assert {"cos_cache_local", "cos_cache_global"} <= inits
+    assert {"inv_freq_local", "inv_freq_global"} <= inits  # cos/sin made at load
 
 
 def greedy_tokens(api, folder: Path, ids: list[int], new: int) -> list[int]:
