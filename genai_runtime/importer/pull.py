@@ -11,6 +11,7 @@ through a temporary folder renamed at the end, so a failure leaves nothing half-
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import subprocess
 import sys
@@ -19,12 +20,29 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import DownloadError
+from ..errors import DownloadError, UnsupportedError
 from .cache import cache_root
 from .catalogue import Source, source_for
 from .folder import DEFAULT_ACCURACY, DEFAULT_QUANT, check_settings, import_model
 
 _CHUNK = 1 << 20
+# What pull imports once the GGUF is here (the 'gguf' extra): checked before any download.
+PULL_NEEDS = ("gguf", "onnx")
+
+
+def check_extras(quiet: bool) -> None:
+    """An ``UnsupportedError`` naming the extra, before anything is downloaded."""
+    missing = []
+    for module in PULL_NEEDS + (() if quiet else ("tqdm",)):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise UnsupportedError(
+            f"pull needs the 'gguf' extra (missing: {', '.join(missing)}); "
+            "install it first: pip install 'genai_runtime[gguf]'"
+        )
 
 
 def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
@@ -151,6 +169,7 @@ def pull(
     if (out / "genai_config.json").is_file() and not force:
         return out, False
     check_settings(quant, accuracy_level, cache)
+    check_extras(quiet or progress_factory is None)
     gguf = fetch_gguf(src, root, quiet=quiet, progress_factory=progress_factory)
     import_model(
         gguf,

