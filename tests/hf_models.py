@@ -233,13 +233,13 @@ def write_gguf_from_hf(folder: Path, path: Path, qtype: Q = Q.F32) -> Path:
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    params = cfg.get("rope_parameters", {}).get("full_attention", {})
-    w.add_rope_freq_base(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    rot = int(hd * cfg.get("partial_rotary_factor", 1.0))
+    rope = rope_settings(cfg)
+    w.add_rope_freq_base(rope["theta"])
+    rot = int(hd * rope["partial"])
     w.add_rope_dimension_count(rot)
     if cfg.get("sliding_window") and cfg.get("use_sliding_window") is not False:
         w.add_sliding_window(cfg["sliding_window"])
-    scaling = cfg.get("rope_scaling") or {}
+    scaling = rope["scaling"]
     if scaling.get("type") == "longrope":
         orig = cfg["original_max_position_embeddings"]
         w.add_rope_scaling_orig_ctx_len(orig)
@@ -310,6 +310,20 @@ def write_gguf_from_hf(folder: Path, path: Path, qtype: Q = Q.F32) -> Path:
     return path
 
 
+def rope_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """theta, partial rotary factor and scaling, from transformers 5's ``rope_parameters`` (per
+    layer type for Gemma 3: the full-attention set) or the older top-level keys."""
+    params = cfg.get("rope_parameters") or {}
+    params = params.get("full_attention", params)
+    kind = params.get("rope_type", "default")
+    scaling = cfg.get("rope_scaling") or ({**params, "type": kind} if kind != "default" else {})
+    return {
+        "theta": params.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+        "partial": params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)),
+        "scaling": scaling,
+    }
+
+
 def _tokenizer_metadata(w: Any, folder: Path, cfg: dict[str, Any]) -> None:
     """tokenizer.json's vocabulary and merges as GGUF ``tokenizer.ggml.*`` (added tokens are
     control tokens), with the chat template and special ids."""
@@ -327,9 +341,10 @@ def _tokenizer_metadata(w: Any, folder: Path, cfg: dict[str, Any]) -> None:
     w.add_token_merges(merges)
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_eos_token_id(cfg["eos_token_id"])
-    w.add_pad_token_id(vocab["<|endoftext|>"])
+    w.add_pad_token_id(vocab.get("<|endoftext|>", cfg["eos_token_id"]))
     w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    template = folder / "chat_template.jinja"
+    w.add_chat_template(template.read_text() if template.is_file() else CHAT_TEMPLATE)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,6 +38,26 @@ def add_parsers(sub: Any) -> None:
     )
     _add_build_args(p)
     p.set_defaults(func=cmd_pull)
+    _add_manage_parsers(sub)
+
+
+def _add_manage_parsers(sub: Any) -> None:
+    from . import manage
+
+    cache_help = f"model cache (default ${CACHE_ENV}, else $XDG_CACHE_HOME/genai_runtime/models)"
+    p = sub.add_parser("list", help="the pulled models: name, size, quantisation, source")
+    p.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+    p.set_defaults(func=manage.cmd_list)
+    p = sub.add_parser("show", help="a pulled model (or a model folder): shape, quantisation")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    p.set_defaults(func=manage.cmd_show)
+    p = sub.add_parser("rm", help="remove a pulled model (and the GGUF kept for it)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+    p.add_argument("--keep-gguf", action="store_true", help="keep the verified GGUF")
+    p.set_defaults(func=manage.cmd_rm)
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:

