@@ -19,7 +19,9 @@ accuracy level 4); we import the folder, and a GGUF of the same weights (written
 converter writes one, fp32 tensors), with ``--quant fp32`` and the default int4 at level 4.
 Greedy tokens on five prompts (onnxruntime-genai on the builder's exports, genai_runtime on ours)
 are compared: fp32 must match exactly with first-step logits within 1e-3; int4 departures are
-listed with the reference's logit margin between its token and ours (< 0.05: a near-tie).
+listed with the reference's logit margin between its token and ours (< 0.05: a near-tie). A
+control runs int4 at accuracy level 0 on both sides (``int4_accuracy_level=0``): the same int4
+weights with fp32 activations, which separates weight differences from int8-activation noise.
 Gemma 3 goes through ``../shared/recipes/scripts/genai_builder_gemma3_patched.py`` (the 0.18
 builder's fix for transformers-5 Gemma 3 configs) when that file is there.
 """
@@ -68,7 +70,18 @@ def side_ready(python: str | None) -> str | None:
     return None
 
 
-def build_reference(python: str, src: Path, out: Path, precision: str, arch: str) -> str | None:
+# name -> (builder -p, builder --extra_options, our import settings)
+PRECISIONS = {
+    "fp32": ("fp32", [], {"quant": "fp32"}),
+    "int4": ("int4", [], {}),  # both defaults: int4 RTN, accuracy level 4 (int8 activations)
+    # A control: the same int4 weights with fp32 activations on both sides.
+    "int4-level0": ("int4", ["--extra_options", "int4_accuracy_level=0"], {"accuracy_level": 0}),
+}
+
+
+def build_reference(
+    python: str, src: Path, out: Path, precision: str, extra: list[str], arch: str
+) -> str | None:
     if out.is_dir() and (out / "genai_config.json").is_file():
         return None
     if arch == "gemma3":
@@ -77,7 +90,7 @@ def build_reference(python: str, src: Path, out: Path, precision: str, arch: str
         cmd = [python, str(GEMMA_PATCH)]
     else:
         cmd = [python, "-m", "onnxruntime_genai.models.builder"]
-    cmd += ["-i", str(src), "-o", str(out), "-p", precision, "-e", "cpu"]
+    cmd += ["-i", str(src), "-o", str(out), "-p", precision, "-e", "cpu", *extra]
     cmd += ["-c", str(out.parent / "builder-cache")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode:
@@ -147,9 +160,9 @@ def main() -> int:
         src = work / "hf" / arch
         gguf = write_gguf_from_hf(src, work / f"{arch}.gguf")
         row: dict = {}
-        for precision, settings in (("fp32", {"quant": "fp32"}), ("int4", {})):
+        for precision, (flag, extra, settings) in PRECISIONS.items():
             ref_dir = work / f"ref-{arch}-{precision}"
-            problem = build_reference(args.side_python, src, ref_dir, precision, arch)
+            problem = build_reference(args.side_python, src, ref_dir, flag, extra, arch)
             if problem:
                 row[precision] = {"skipped": problem}
                 continue
@@ -159,10 +172,14 @@ def main() -> int:
                 import_model(source, folder, force=True, **settings)
                 ours[kind] = folder
             per_prompt = []
-            for ids in prompts:
-                ref = greedy(rg, ref_dir, ids, args.new_tokens)
-                per_prompt.append({k: compare(ref, greedy(og, f, ids, args.new_tokens))
-                                   for k, f in ours.items()})  # fmt: skip
+            try:
+                for ids in prompts:
+                    ref = greedy(rg, ref_dir, ids, args.new_tokens)
+                    per_prompt.append({k: compare(ref, greedy(og, f, ids, args.new_tokens))
+                                       for k, f in ours.items()})  # fmt: skip
+            except RuntimeError as exc:  # either runtime refusing a model is a result too
+                row[precision] = {"skipped": f"run failed: {str(exc)[:300]}"}
+                continue
             row[precision] = per_prompt
         results[arch] = row
         report(arch, row)

@@ -10,7 +10,9 @@ Per weight matrix (``Linear.plan``):
   with int8 activations, so at accuracy level 0 exact 8-bit blocks are dequantised to fp32.
 
 The token embedding is kept as the checkpoint has it when its blocks map (GatherBlockQuantized;
-a tied lm_head reads the same initializers), else in fp32 (as the reference builder keeps it).
+a tied lm_head reads the same initializers). A float table is quantised like the other weights
+when the head is tied to it (one table for both, as the reference builder shares it), and kept
+in fp32 when the head is separate (as the reference keeps it).
 """
 
 from __future__ import annotations
@@ -135,7 +137,13 @@ def embedding(linear: Linear) -> Table:
         if native is not None:
             linear._record(name, native, f"int{native.bits} from {w.kind} (exact)")
             return Table("embed_tokens", blocks=native)
-        # A float table stays float, as the reference keeps it.
+        if linear.ckpt.hyper.tied_embeddings:
+            # One quantised table for the lookup and the head, as the reference builder shares it.
+            value, how = linear.plan(w)
+            if isinstance(value, Blocks):
+                linear._record(name, value, how)
+                return Table("embed_tokens", blocks=value)
+        # An untied float table stays float, as the reference keeps it.
         value, how = w.fp32(), f"fp32 from {w.kind}"
     linear._record(name + " (embedding table)", value, how)
     return Table("embed_tokens", floats=value)

@@ -133,19 +133,14 @@ def test_int4_import_is_the_rtn_weights_exactly_at_level_0(built, tmp_path):
     b = built["qwen2"]
     exact = import_model(b["hf"], tmp_path / "int4-0", quant="int4", accuracy_level=0).out_dir
     fast = import_model(b["gguf"], tmp_path / "int4-4").out_dir  # the default: level 4
-    # The NumPy forward over the RTN-dequantised projections and head (the embedding table
-    # stays float) is what the level-0 graph computes.
+    # The NumPy forward over the RTN-dequantised projections and tied table (one int4 table for
+    # the lookup and the head, as the reference builder shares it) is what level 0 computes.
     cfg, tensors = H.load(b["hf"])
-    rtn = {}
-    for name, w in tensors.items():
-        if w.ndim == 2 and name != "model.embed_tokens.weight":
-            w = rtn_blocks(w, 4).dequantize()
-        rtn[name] = w
-    rtn["lm_head.weight"] = rtn_blocks(tensors["model.embed_tokens.weight"], 4).dequantize()
+    rtn = {n: rtn_blocks(w, 4).dequantize() if w.ndim == 2 else w for n, w in tensors.items()}
     folder = tmp_path / "rtn-hf"
     folder.mkdir()
     H.safetensors_numpy.save_file(rtn, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(dict(cfg, tie_word_embeddings=False)))
+    (folder / "config.json").write_text(json.dumps(cfg))
     ref = H.numpy_logits(folder, IDS)
     got = run_graph(exact, IDS)
     assert np.abs(got - ref).max() <= 1e-4, np.abs(got - ref).max()
@@ -154,8 +149,11 @@ def test_int4_import_is_the_rtn_weights_exactly_at_level_0(built, tmp_path):
     assert 1e-5 < diff <= 0.05 * np.abs(got).max(), diff
     report = json.loads((fast / "import.json").read_text())
     assert report["quant"] == "int4" and report["accuracy_level"] == 4
-    assert report["weights"]["int4 RTN from F32"] == 7 * 2 + 1  # projections + tied head
-    assert report["weights"]["fp32 from F32"] == 1  # the embedding table stays float
+    assert report["weights"]["int4 RTN from F32"] == 7 * 2 + 1  # projections + the table
+    assert report["weights"]["the embedding's blocks"] == 1  # the tied head reads the table
+    untied = import_model(built["llama"]["hf"], tmp_path / "llama-int4").out_dir
+    weights = json.loads((untied / "import.json").read_text())["weights"]
+    assert weights["fp32 from F32"] == 1  # an untied table stays float, as the reference keeps it
 
 
 def test_int4_rtn_equals_onnxruntime_quantiser():
