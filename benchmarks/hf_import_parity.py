@@ -20,8 +20,9 @@ converter writes one, fp32 tensors), with ``--quant fp32`` and the default int4 
 Greedy tokens on five prompts (onnxruntime-genai on the builder's exports, genai_runtime on ours)
 are compared: fp32 must match exactly with first-step logits within 1e-3; int4 departures are
 listed with the reference's logit margin between its token and ours (< 0.05: a near-tie). A
-control runs int4 at accuracy level 0 on both sides (``--extra_options accuracy_level=0``): the same int4
-weights with fp32 activations, which separates weight differences from int8-activation noise.
+control runs int4 at accuracy level 0 on both sides (the builder's ``--extra_options
+accuracy_level=0``): the same int4 weights with fp32 activations, which separates weight
+differences from int8-activation noise.
 Gemma 3 goes through ``../shared/recipes/scripts/genai_builder_gemma3_patched.py`` (the 0.18
 builder's fix for transformers-5 Gemma 3 configs) when that file is there.
 """
