@@ -45,6 +45,13 @@ def check_extras(quiet: bool) -> None:
         )
 
 
+def wheels_label(src: Source) -> str:
+    """``pkg==1.0``, or ``pkg-part1 .. pkg-part6==1.0`` for a GGUF split across wheels."""
+    first, last = src.pieces[0].package, src.pieces[-1].package
+    names = first if first == last else f"{first} .. {last}"
+    return f"{names}=={src.version}"
+
+
 def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -180,6 +187,6 @@ def pull(
         max_seq_len=max_seq_len,
         force=True,
         progress=on_tensor,
-        extra_report={"package": f"{src.package}=={src.version}", "sha256": src.sha256},
+        extra_report={"package": wheels_label(src), "sha256": src.sha256},
     )
     return out, True
