@@ -2,8 +2,9 @@
 
 Symmetric, per block of 32 values along K, as onnxruntime's default weight-only quantiser does
 it (the one the reference builder runs): the value of largest magnitude ``v`` in a block sets
-``scale = v / -2^(bits-1)``; codes are ``round_half_even(w / scale) + 2^(bits-1)`` clipped to the
-code range, with the zero point at its default ``2^(bits-1)``. The same inputs give the same
+``scale = v / -2^(bits-1)``; codes are ``w * (1 / scale) + 2^(bits-1)`` in fp32, rounded to the
+nearest integer with halves rounded up, clipped to the code range, with the zero point at its
+default ``2^(bits-1)``. The same inputs give the same
 bytes as that quantiser (checked against it in the tests), so an int4 import of a float
 checkpoint holds the reference export's weights.
 """
@@ -29,6 +30,8 @@ def rtn_blocks(w: np.ndarray, bits: int, block: int = RTN_BLOCK) -> Blocks:
     nonzero = scale != 0
     recip = np.zeros_like(scale)
     recip[nonzero] = np.float32(1.0) / scale[nonzero]
-    codes = np.rint(blocks * recip[..., None] + np.float32(half))
+    x = blocks * recip[..., None] + np.float32(half)
+    codes = np.floor(x)
+    codes += x - codes >= 0.5  # halves up, as the reference quantiser rounds them
     codes = codes.clip(0, 2 * half - 1).astype(np.uint8)
     return Blocks(bits, codes, scale, np.full(scale.shape, half, np.uint8))

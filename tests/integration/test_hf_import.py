@@ -165,7 +165,9 @@ def test_int4_rtn_equals_onnxruntime_quantiser():
     k, n = 128, 48
     w = (rng.standard_normal((k, n)) * 0.1).astype(np.float32)
     w[:32, 0] = 0.0  # an all-zero block
-    w[32:64, 1] = np.linspace(-1, 1, 32)  # exact halves: round-half-even ties
+    w[32:64, 1] = np.linspace(-1, 1, 32)
+    # Exact halves: peak 1.0 makes 1/scale -8 (4 bits), so -(k + 0.5)/8 lands on k + 8.5.
+    w[64:96, 2] = [1.0] + [-(k % 7 + 0.5) / 8 for k in range(31)]
     for bits, quantise in ((4, quantize_matmul_4bits), (8, quantize_matmul_8bits)):
         per = 8 // bits
         packed = np.zeros((n, k // 32, 32 // per), np.uint8)
