@@ -295,3 +295,17 @@ def test_cli_imports_a_folder_and_refuses_int8_at_level_0(built, tmp_path, capsy
     assert main([*bad, "--accuracy-level", "0"]) == 1
     assert "--quant int8 needs --accuracy-level 4" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_fp16_and_int8_imports(built, tmp_path):
+    b = built["qwen3"]
+    ref = run_graph(b["hf-fp32"], IDS)
+    fp16 = import_model(b["hf"], tmp_path / "fp16", quant="fp16").out_dir
+    int8 = import_model(b["gguf"], tmp_path / "int8", quant="int8").out_dir
+    size = (b["hf-fp32"] / "model.onnx.data").stat().st_size
+    assert (fp16 / "model.onnx.data").stat().st_size < 0.55 * size  # half the bytes on disk
+    # fp16 weights: the rounding of each weight only; int8: 8-bit blocks, int8 activations.
+    assert 1e-6 < np.abs(run_graph(fp16, IDS) - ref).max() <= 2e-2 * np.abs(ref).max()
+    assert 1e-6 < np.abs(run_graph(int8, IDS) - ref).max() <= 5e-2 * np.abs(ref).max()
+    weights = json.loads((int8 / "import.json").read_text())["weights"]
+    assert weights == {"int8 RTN from F32": 7 * 2 + 1, "fp32 from F32": 1}  # untied: float table
