@@ -14,7 +14,7 @@ from .errors import UnsupportedError
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "audio": ("soundfile",),
     "vision": ("PIL",),
-    "gguf": ("gguf", "onnx", "tqdm"),
+    "gguf": ("gguf", "onnx", "tqdm", "safetensors"),
     "constrained": ("llguidance",),
     "server": ("starlette", "uvicorn"),
 }
