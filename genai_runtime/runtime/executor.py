@@ -65,9 +65,10 @@ class _Stage:
     def __init__(self, plan: StagePlan, session: ort.InferenceSession):
         self.plan = plan
         self.step = plan.step
-        self.bound = BoundSession(
-            plan.name, session, plan.io, run_options(dict(plan.session.options.run_options))
-        )
+        # Always a RunOptions of its own: a generator's runtime options (terminate_session from
+        # another thread included) change it while a run is in flight.
+        options = run_options(dict(plan.session.options.run_options)) or ort.RunOptions()
+        self.bound = BoundSession(plan.name, session, plan.io, options)
         self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per input/output
         self.bound_arrays: dict[str, np.ndarray] = {}  # the array object bound per input
         self.role_feeds = plan.feeds_from("role")
@@ -157,6 +158,8 @@ class Executor:
         self._source_mask: np.ndarray | None = None
         self._masks: dict[tuple, np.ndarray] = {}
         self._recurrent: dict[str, ort.OrtValue] = {}
+        # (length, copies) of the recurrent state kept by ``snapshot``: a rewind to that length.
+        self._snapshot: tuple[int, dict[str, np.ndarray]] | None = None
         self._final_stages = [s for s in self.stages if s.step.when == "final"]
         self._init_done = not self._init_stages
         self._final_done = False
@@ -372,20 +375,35 @@ class Executor:
                 f"cannot rewind to {length}: the encoder read the prompt, so only rewind_to(0) "
                 "(a new prompt) is possible"
             )
-        if self._recurrent and length:
+        restore = self._snapshot is not None and self._snapshot[0] == length
+        if self._recurrent and length and not restore:
+            kept = f"; snapshot_state kept {self._snapshot[0]} tokens run" if self._snapshot else ""
             raise GenerationError(
                 f"cannot rewind to {length}: a recurrent state ({', '.join(self._recurrent)}) "
-                "only rewinds to 0"
+                f"rewinds to 0 or to a length kept by snapshot_state{kept}"
             )
         if self.cache is not None:  # first: a cache may refuse (evicted rows), changing nothing
             self.cache.rewind_to(length)
         self.positions.rewind_to(length)
         self._step_positions.rewind_to(length)
+        if restore and length:
+            for name, array in self._snapshot[1].items():  # copied: it can be restored again
+                self._recurrent[name] = ort.OrtValue.ortvalue_from_numpy(array.copy())
         if length == 0:
             self._recurrent.clear()
+            self._snapshot = None
             if self._source:
                 self._init_done = False  # the next prompt is a new source
         self._final_done = False
+
+    def snapshot(self) -> None:
+        """Keep a copy of the recurrent state at the current length, so that ``rewind_to`` that
+        length restores it (the reference's ``snapshot_state``; nothing to keep without one)."""
+        self._snapshot = (
+            (self.length, {n: v.numpy().copy() for n, v in self._recurrent.items()})
+            if self._recurrent
+            else None
+        )
 
     def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
