@@ -142,7 +142,10 @@ def write_adapter(path: Path, tensors: Mapping[str, np.ndarray]) -> Path:
     adapter.set_adapter_version(1)
     adapter.set_model_version(1)
     adapter.set_parameters(
-        {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for name, a in tensors.items()}
+        {
+            name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+            for name, a in tensors.items()
+        }
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     adapter.export_adapter(str(path))
@@ -189,4 +192,16 @@ def model_folder(folder: Path, base: Mapping[str, np.ndarray], max_length: int =
     }
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "genai_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return folder
+
+
+def word_tokenizer(folder: Path) -> Path:
+    """A word-level tokenizer.json over the decoder's vocabulary: ``<pad>``, ``<s>``, ``w2`` ..
+    ``w30``, ``</s>``; generated ids read back from text (``w28w12`` -> 28, 12)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<pad>", "<s>", *(f"w{i}" for i in range(2, VOCAB - 1)), "</s>"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
     return folder

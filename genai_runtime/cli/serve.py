@@ -25,6 +25,10 @@ def add_parsers(sub: Any) -> None:
                    help="cap on prompt + max_tokens (default 2048)")  # fmt: skip
     p.add_argument("--timeout", type=float, metavar="S", help="per-request timeout (default 600)")
     p.add_argument("--interleave", action="store_true", help="no batched decode")
+    p.add_argument(
+        "--adapter", action="append", type=_adapter, default=[], metavar="NAME=PATH",
+        help="a LoRA adapter (.onnx_adapter) served as <served name>:NAME; repeatable",
+    )  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 
@@ -35,6 +39,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.model_dir, host=args.host, port=args.port, api_key=args.api_key,
         insecure=args.insecure, served_name=args.served_name, max_queued=args.max_queued,
         max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
-        batched=False if args.interleave else None,
+        batched=False if args.interleave else None, adapters=dict(args.adapter),
     )  # fmt: skip
     return 0
+
+
+def _adapter(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path or ":" in name:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH (a NAME without ':'), got {text!r}")
+    return name, path

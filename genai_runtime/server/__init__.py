@@ -11,6 +11,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import GenaiRuntimeError
@@ -31,14 +32,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_engine(model_dir: str | Path, **engine_options):
-    """Load a model folder and start an engine over it."""
+def build_engine(
+    model_dir: str | Path, adapters: Mapping[str, str] | None = None, **engine_options
+):
+    """Load a model folder (and its LoRA ``adapters``, name -> ``.onnx_adapter`` path) and
+    start an engine over it."""
+    from ..adapters import Adapters
     from ..model import Model
     from ..tokenizer import Tokenizer
     from .engine import Engine
 
     model = Model(str(model_dir))
-    engine = Engine(model, Tokenizer(model), **engine_options)
+    loaded = None
+    if adapters:
+        loaded = Adapters(model)
+        for name, path in adapters.items():
+            loaded.load(path, name)
+    engine = Engine(model, Tokenizer(model), adapters=loaded, **engine_options)
     engine.start()
     return engine
 
@@ -76,8 +86,11 @@ class ServerHandle:
         timeout: float | None = None,
         batched: bool | None = None,
         prefix_reuse: bool = True,
+        adapters: Mapping[str, str] | None = None,
         log_level: str = "warning",
     ):
+        """``adapters``: LoRA adapter name -> ``.onnx_adapter`` file; a request picks one with
+        ``model: "<served name>:<adapter>"``."""
         try:
             import uvicorn
         except ImportError as exc:
@@ -95,6 +108,9 @@ class ServerHandle:
             log.warning("serving on %s without an API key: anyone who reaches it can use it", host)
         if not Path(model_dir).is_dir():
             raise GenaiRuntimeError(f"model folder not found: {model_dir}")
+        for name in adapters or {}:
+            if not isinstance(name, str) or not name or ":" in name:
+                raise GenaiRuntimeError(f"adapter name {name!r}: expected a name without ':'")
         self.state = ServerState(
             served_name=served_name or Path(model_dir).resolve().name,
             api_key=api_key or None,
@@ -115,6 +131,7 @@ class ServerHandle:
             max_context=max_context or DEFAULT_MAX_CONTEXT,
             batched=batched,
             prefix_reuse=prefix_reuse,
+            adapters=dict(adapters or {}),
         )
         threading.Thread(
             target=self._load, args=(model_dir, engine_options), name="genai-load", daemon=True
