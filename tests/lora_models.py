@@ -74,7 +74,9 @@ def reference_logits(
     return h @ head
 
 
-def lora_decoder(path: Path, base: Mapping[str, np.ndarray]) -> Path:
+def lora_decoder(path: Path, base: Mapping[str, np.ndarray], defaults: bool = True) -> Path:
+    """``defaults=False``: the LoRA inputs have no initializer (nothing feeds them but an
+    adapter)."""
     f = TensorProto.FLOAT
     kv = ["batch", 1, "past", DIM]
     inputs = [
@@ -120,7 +122,7 @@ def lora_decoder(path: Path, base: Mapping[str, np.ndarray]) -> Path:
         const(base["E"], "E"),
         const(base["P"], "P"),
         const(base["W"], "W"),
-        *(const(np.zeros(s, np.float32), n) for n, s in LORA_SHAPES.items()),
+        *(const(np.zeros(s, np.float32), n) for n, s in LORA_SHAPES.items() if defaults),
         const(np.array([1], np.int64), "one"),
         const(np.array(2, np.int64), "two_scalar"),  # CumSum axis (0-D)
         const(np.array([0], np.int64), "zero"),
@@ -152,9 +154,11 @@ def write_adapter(path: Path, tensors: Mapping[str, np.ndarray]) -> Path:
     return path
 
 
-def model_folder(folder: Path, base: Mapping[str, np.ndarray], max_length: int = 24) -> Path:
+def model_folder(
+    folder: Path, base: Mapping[str, np.ndarray], max_length: int = 24, defaults: bool = True
+) -> Path:
     """The decoder and a v1 genai_config.json both runtimes read (eos = VOCAB - 1, pad 0)."""
-    lora_decoder(folder / "model.onnx", base)
+    lora_decoder(folder / "model.onnx", base, defaults)
     config = {
         "model": {
             "type": "llama",

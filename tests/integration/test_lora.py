@@ -138,6 +138,17 @@ def test_the_reference_loads_the_same_files_and_agrees(model, folder) -> None:
         np.testing.assert_allclose(logits[:n], ref_logits[:n], atol=1e-4, err_msg=str(names))
 
 
+def test_an_adapter_feeds_lora_inputs_without_defaults(folder, tmp_path) -> None:
+    model = og.Model(str(lm.model_folder(tmp_path, lm.base_weights(), defaults=False)))
+    with pytest.raises(GenerationError, match=r"needs input 'lora\.proj\.A'"):
+        _run(og, model)
+    adapters = og.Adapters(model)
+    adapters.load(str(folder / "b.onnx_adapter"), "b")
+    sequence, logits = _run(og, model, adapters, ["b"])
+    expected = _numpy(sequence, lm.lora_weights(2), len(logits))
+    np.testing.assert_allclose(logits, expected, atol=1e-4)
+
+
 def test_mismatched_adapters_name_the_file_and_the_tensor(model, tmp_path) -> None:
     adapters = og.Adapters(model)
     shapes = dict(lm.LORA_SHAPES)
