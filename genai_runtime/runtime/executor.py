@@ -377,10 +377,9 @@ class Executor:
             )
         restore = self._snapshot is not None and self._snapshot[0] == length
         if self._recurrent and length and not restore:
-            kept = f"; snapshot_state kept {self._snapshot[0]} tokens run" if self._snapshot else ""
             raise GenerationError(
-                f"cannot rewind to {length}: a recurrent state ({', '.join(self._recurrent)}) "
-                f"rewinds to 0 or to a length kept by snapshot_state{kept}"
+                f"cannot rewind: a recurrent state ({', '.join(self._recurrent)}) rewinds only "
+                "to 0 or to where snapshot_state was called"
             )
         if self.cache is not None:  # first: a cache may refuse (evicted rows), changing nothing
             self.cache.rewind_to(length)
