@@ -18,6 +18,7 @@ from .routing import Route, classify
 from .runtime.driver import DriverFactory
 from .runtime.pipeline import LoadedPipeline
 from .runtime.plan import Plan
+from .session.device import parse_device
 from .session.graph_io import SessionIO
 from .spec import PipelineSpec, ProviderSpec, frozen_map
 from .speculative import load_speculative
@@ -98,6 +99,15 @@ class Config:
 
     def append_provider(self, provider: str) -> None:
         self._providers = [*(self._providers or []), ProviderSpec(provider)]
+
+    def use_device(self, device: str) -> None:
+        """Run every session on ``device`` (``cpu``, ``cuda``, ``cuda:1``, ``dml``, ...): the
+        providers replaced by that one, ``:N`` its ``device_id`` (``--device`` on the CLI)."""
+        name, options = parse_device(device)
+        self.clear_providers()
+        self.append_provider(name)
+        for key, value in options.items():
+            self.set_provider_option(name, key, value)
 
     def set_provider_option(self, provider: str, key: str, value: str) -> None:
         providers = list(self._providers or [])

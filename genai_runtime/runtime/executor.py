@@ -24,6 +24,7 @@ from ..errors import GenerationError, ModelError, UnsupportedError
 from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
 from ..session.bound import BoundSession
+from ..session.device import HOST, Device
 from ..session.positions import PositionState
 from ..spec import TokensSpec
 from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan, StagePlan, role_name
@@ -65,12 +66,10 @@ class _Stage:
     def __init__(self, plan: StagePlan, session: ort.InferenceSession):
         self.plan = plan
         self.step = plan.step
-        # Always a RunOptions of its own: a generator's runtime options (terminate_session from
-        # another thread included) change it while a run is in flight.
+        # Its own RunOptions: set_runtime_option changes it, also while a run is in flight.
         options = run_options(dict(plan.session.options.run_options)) or ort.RunOptions()
         self.bound = BoundSession(plan.name, session, plan.io, options)
-        self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per input/output
-        self.bound_arrays: dict[str, np.ndarray] = {}  # the array object bound per input
+        self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per output
         self.role_feeds = plan.feeds_from("role")
         # The ids dtype, read once (used per token).
         self.dtypes = {f.name: f.info.dtype for f in self.role_feeds if f.role == "input_ids"}
@@ -132,8 +131,11 @@ class Executor:
                     pos_dtype = feed.info.dtype
         self.positions = PositionState(batch_size, max_length, pad_token_id, mask_dtype, pos_dtype)
         self.cross = CrossCache(plan.cross) if plan.cross is not None else None
+        self.device = _kv_device(self.stages)
         self.cache: KVCache | None = (
-            make_cache(kv_plan, batch_size, max_length, self.positions) if kv_plan else None
+            make_cache(kv_plan, batch_size, max_length, self.positions, self.device)
+            if kv_plan
+            else None
         )
         self.user_inputs: dict[str, ort.OrtValue] = {}
         self._init_stages = [s for s in self.stages if s.step.when == "init"]
@@ -158,8 +160,7 @@ class Executor:
         self._source_mask: np.ndarray | None = None
         self._masks: dict[tuple, np.ndarray] = {}
         self._recurrent: dict[str, ort.OrtValue] = {}
-        # (length, copies) of the recurrent state kept by ``snapshot``: a rewind to that length.
-        self._snapshot: tuple[int, dict[str, np.ndarray]] | None = None
+        self._snapshot: tuple[int, dict[str, ort.OrtValue]] | None = None  # see ``snapshot``
         self._final_stages = [s for s in self.stages if s.step.when == "final"]
         self._init_done = not self._init_stages
         self._final_done = False
@@ -362,7 +363,7 @@ class Executor:
         return out
 
     def _fixed_logits(self, stage: _Stage) -> np.ndarray:
-        if self.plan.vocab_size is None:
+        if self.plan.vocab_size is None or not stage.bound.device.host:
             return stage.bound.output(stage.plan.logits.name).numpy()
         return self._logits_out
 
@@ -386,8 +387,7 @@ class Executor:
         self.positions.rewind_to(length)
         self._step_positions.rewind_to(length)
         if restore and length:
-            for name, array in self._snapshot[1].items():  # copied: it can be restored again
-                self._recurrent[name] = ort.OrtValue.ortvalue_from_numpy(array.copy())
+            self._recurrent.update(self._snapshot[1])
         if length == 0:
             self._recurrent.clear()
             self._snapshot = None
@@ -396,13 +396,9 @@ class Executor:
         self._final_done = False
 
     def snapshot(self) -> None:
-        """Keep a copy of the recurrent state at the current length, so that ``rewind_to`` that
-        length restores it (the reference's ``snapshot_state``; nothing to keep without one)."""
-        self._snapshot = (
-            (self.length, {n: v.numpy().copy() for n, v in self._recurrent.items()})
-            if self._recurrent
-            else None
-        )
+        """Keep the recurrent state at this length for ``rewind_to`` it (the reference's
+        ``snapshot_state``). Each pass allocates new state outputs, so holding them is a copy."""
+        self._snapshot = (self.length, dict(self._recurrent)) if self._recurrent else None
 
     def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
@@ -557,15 +553,8 @@ class Executor:
         stage.bind_alloc_outputs()
 
     def _bind(self, stage: _Stage, name: str, array: np.ndarray) -> None:
-        """Bind by pointer; a buffer whose pointer and shape are unchanged stays bound (its
-        contents are read at run time, so updating it in place is enough)."""
-        if stage.bound_arrays.get(name) is array:
-            return  # the same object: same pointer and shape (a decode pass's ids buffer)
-        key = (array.__array_interface__["data"][0], array.shape)
-        if stage.shapes.get(name) != key:
-            stage.bound.bind_array(name, array)
-            stage.shapes[name] = key
-        stage.bound_arrays[name] = array
+        """A per-pass host input, bound where its session reads it (``BoundSession.feed``)."""
+        stage.bound.feed(name, array)
 
     def _mask4(self, dtype: np.dtype, n: int) -> np.ndarray:
         """A ``[B, 1, n, total]`` mask: the 2D padding mask, causal (or the tree's ancestry)
@@ -633,7 +622,8 @@ class Executor:
     def _bind_logits(self, stage: _Stage, n: int) -> None:
         info = stage.plan.logits
         vocab = self.plan.vocab_size
-        if vocab is None:
+        if vocab is None or not stage.bound.device.host:
+            # On a device the logits stay there until the rows token choice needs are taken.
             stage.bound.bind_output_alloc(info.name)
             return
         if info.rank == 3:
@@ -655,7 +645,10 @@ class Executor:
 
     def _read_logits(self, n: int) -> np.ndarray:
         stage = self._logits_stage
-        if self.plan.vocab_size is None:
+        device = stage.bound.device
+        if not device.host:
+            logits = self._device_rows(stage)
+        elif self.plan.vocab_size is None:
             logits = stage.bound.output(stage.plan.logits.name).numpy()
         else:
             logits = self._logits_out
@@ -666,6 +659,17 @@ class Executor:
         else:
             rows = logits[np.arange(self.batch_size), self.positions.last_index]
         return rows if rows.dtype == np.float32 else rows.astype(np.float32)
+
+    def _device_rows(self, stage: _Stage) -> np.ndarray:
+        """The logits rows token choice reads, copied from the device: each row's last real
+        token when all rows end at the same column (one small gather there), else all rows."""
+        value = stage.bound.output(stage.plan.logits.name)
+        shape = value.shape()
+        if len(shape) == 3 and shape[1] > 1:
+            last = np.unique(self.positions.last_index)
+            if last.size == 1:
+                return stage.bound.device.take(value, last, axis=1).numpy()
+        return value.numpy()
 
     def pass_logits(self) -> np.ndarray:
         """Logits ``[B, n, V]`` at every position of the last pass (a view the next pass
@@ -680,7 +684,7 @@ class Executor:
             raise ModelError(
                 f"{stage.plan.io.file}: logits {stage.plan.logits} hold the last position only"
             )
-        if self.plan.vocab_size is None:
+        if self.plan.vocab_size is None or not stage.bound.device.host:
             return stage.bound.output(stage.plan.logits.name).numpy()
         return self._logits_out
 
@@ -694,6 +698,15 @@ class Executor:
                 return self._logits_out.copy()
             return _output(stage, name).numpy().copy()
         raise GenerationError(f"no stage has run with an output named {name!r}")
+
+
+def _kv_device(stages: list[_Stage]) -> Device:
+    """The device of the stages that hold the KV cache (one device for all of them)."""
+    devices = {s.bound.device for s in stages if s.has_kv}
+    if len(devices) > 1:
+        listed = ", ".join(f"{s.plan.io.file} on {s.bound.device}" for s in stages if s.has_kv)
+        raise ModelError(f"the stages that share the KV cache run on different devices: {listed}")
+    return devices.pop() if devices else HOST
 
 
 def _output(stage: _Stage, name: str) -> ort.OrtValue:
