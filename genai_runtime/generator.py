@@ -15,16 +15,19 @@ from typing import Any
 
 import numpy as np
 
+from .adapters import Adapters
 from .checks import is_number
 from .decoding.chain import make_picker
 from .decoding.sampling import make_rng
 from .environment import LOG, log
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .model import Model
+from .runtime.adapters import bind_adapter
 from .runtime.driver import DecodeState, DriverSetup
 from .runtime.plan import logits_problem
+from .runtime.run_control import TERMINATE, apply_runtime_option, runtime_option
 from .spec import SEARCH_OPTIONS, GenerationSpec, SearchOption
-from .validation import as_array, as_index, as_name, serialized, shown
+from .validation import as_array, as_index, as_name, serialized, shown, unlocked
 
 
 class GeneratorParams:
@@ -158,6 +161,10 @@ class Generator:
         self._eos_seen = np.zeros(self.batch_size, bool)
         self._any_eos = False
         self._done = False
+        self._terminated = False  # set_runtime_option("terminate_session", "1")
+        # LoRA adapters turned on (set_active_adapter): their container, names, tensor owners.
+        self._adapters: Adapters | None = None
+        self._adapter_of: dict[str, str] = {}  # tensor name -> the active adapter setting it
         # Speculative decoding or a controller plugin: tokens come in rounds, handed out singly.
         self._driver = None
         self._queue: deque[int] = deque()  # a round's tokens not handed out yet
@@ -175,6 +182,7 @@ class Generator:
     # -- the reference API -----------------------------------------------------------------
 
     def append_tokens(self, tokens: Any) -> None:
+        self._live()
         self._sync()
         new = self._as_batch(tokens)
         n = new.shape[1]
@@ -197,6 +205,7 @@ class Generator:
         self._done = False
 
     def generate_next_token(self) -> None:
+        self._live()
         if self._done and self._logits is None and self._length < self.max_length:
             # Every row has ended: as the reference, run nothing and report pad as next tokens.
             self._next[:] = self.pad_token_id
@@ -272,6 +281,7 @@ class Generator:
             self._exec.finish()
 
     def is_done(self) -> bool:
+        self._live()
         return self._logits is None and self._done
 
     def get_next_tokens(self) -> np.ndarray:
@@ -340,9 +350,11 @@ class Generator:
         self._done = False
 
     def get_output(self, name: str) -> np.ndarray:
+        self._live()
         return self._exec.output(as_name(name, "get_output(name)"))
 
     def get_input(self, name: str) -> np.ndarray:
+        self._live()
         if as_name(name, "get_input(name)") in self._exec.user_inputs:
             return self._exec.user_inputs[name].numpy().copy()
         raise GenerationError(f"no input {name!r} was set with set_model_input")
@@ -373,6 +385,65 @@ class Generator:
                 self.set_model_input(name, value)
         if ids is not None:
             self.append_tokens(ids)
+
+    def set_active_adapter(self, adapters: Adapters, adapter_name: str) -> None:
+        """Turn a loaded LoRA adapter on for this generator's runs from now on. Several may be
+        on together when they set different tensors; all come from one ``Adapters``."""
+        if not isinstance(adapters, Adapters):
+            raise GenerationError(
+                f"set_active_adapter(adapters, name): expected Adapters, got {shown(adapters)}"
+            )
+        if self._adapters is not None and adapters is not self._adapters:
+            raise GenerationError("a generator takes its adapters from a single Adapters container")
+        if adapter_name in self._adapter_of.values():
+            return  # already on
+        adapter = adapters.acquire(adapter_name, self)
+        try:
+            taken = next((t for t in adapter.tensors if t in self._adapter_of), None)
+            if taken is not None:
+                raise GenerationError(
+                    f"adapter {adapter_name!r} sets {taken!r}, which active adapter "
+                    f"{self._adapter_of[taken]!r} already sets"
+                )
+            bind_adapter(self._exec, adapter)  # checked against this generator's graphs too
+        except Exception:
+            adapters.release(adapter_name, self)
+            raise
+        self._adapters = adapters
+        self._adapter_of.update(dict.fromkeys(adapter.tensors, adapter_name))
+
+    @unlocked  # another thread may stop a run in flight
+    def set_runtime_option(self, key: str, value: str) -> None:
+        """``terminate_session`` "1" stops the run in flight and refuses further generation
+        until "0"; any other key is an onnxruntime run config entry (as the reference)."""
+        key, value = runtime_option(key, value)
+        if key == TERMINATE:
+            self._terminated = value == "1"
+        apply_runtime_option(self._exec, key, value)
+
+    def snapshot_state(self) -> None:
+        """Keep the recurrent state as it is now, so ``rewind_to`` this point restores it (for
+        speculative rollback); models without recurrent state have nothing to keep."""
+        self._live()
+        self._sync()
+        self._exec.snapshot()
+
+    def set_hidden_states(self, hidden_states: Any) -> None:
+        """Stage the hidden states an MTP-style head reads on its next pass: the input the
+        config's ``hidden_states`` role names (default ``hidden_states``), copied."""
+        self._live()
+        names = {
+            s.session.inputs.get("hidden_states", "hidden_states") for s in self.model.plan.stages
+        }
+        users = {f.name for s in self.model.plan.stages for f in s.feeds_from("user")}
+        taken = sorted(names & users)
+        if not taken:
+            raise GenerationError(
+                f"set_hidden_states: no stage takes a hidden states input (looked for "
+                f"{', '.join(sorted(names))} among the inputs no role, wire or cache feeds)"
+            )
+        array = as_array(hidden_states, "set_hidden_states(hidden_states)")
+        self.set_model_input(taken[0], np.array(array, copy=True))
 
     def get_speculative_stats(self) -> dict[str, float]:
         """Drafted and accepted token counts of speculative decoding (not in the reference)."""
@@ -406,6 +477,13 @@ class Generator:
                 log("hit_eos", f"EOS seen on batch {int(row)}")
         if LOG.hit_max_length and self._length + 1 >= self.max_length:
             log("hit_max_length", f"sequence reached max_length {self.max_length}")
+
+    def _live(self) -> None:
+        if self._terminated:
+            raise GenerationError(
+                "the session is terminated (set_runtime_option('terminate_session', '1')); "
+                "set it to '0' to go on"
+            )
 
     def _sync(self) -> None:
         """Drop a driver's tokens not handed out yet and square the books with its executor:
@@ -458,6 +536,7 @@ class Generator:
             return self._exec.forward(tokens)
         except Exception as exc:
             self._exec.rewind_to(start)  # a failed pass leaves the generator as it was
+            self._live()  # a run stopped by terminate_session
             if isinstance(exc, GenaiRuntimeError):
                 raise
             raise ModelError(f"model run failed: {exc}") from exc

@@ -199,6 +199,12 @@ class Model:
 
         return MultiModalProcessor(self)
 
+    def create_streaming_processor(self):
+        """The reference's streaming audio processor (raises: see ``StreamingProcessor``)."""
+        from .multimodal import StreamingProcessor
+
+        return StreamingProcessor(self)
+
     def transcribe(
         self,
         audio: PathLike | Sequence[PathLike],

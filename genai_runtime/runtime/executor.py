@@ -66,9 +66,9 @@ class _Stage:
     def __init__(self, plan: StagePlan, session: ort.InferenceSession):
         self.plan = plan
         self.step = plan.step
-        self.bound = BoundSession(
-            plan.name, session, plan.io, run_options(dict(plan.session.options.run_options))
-        )
+        # Its own RunOptions: set_runtime_option changes it, also while a run is in flight.
+        options = run_options(dict(plan.session.options.run_options)) or ort.RunOptions()
+        self.bound = BoundSession(plan.name, session, plan.io, options)
         self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per output
         self.role_feeds = plan.feeds_from("role")
         # The ids dtype, read once (used per token).
@@ -160,6 +160,7 @@ class Executor:
         self._source_mask: np.ndarray | None = None
         self._masks: dict[tuple, np.ndarray] = {}
         self._recurrent: dict[str, ort.OrtValue] = {}
+        self._snapshot: tuple[int, dict[str, ort.OrtValue]] | None = None  # see ``snapshot``
         self._final_stages = [s for s in self.stages if s.step.when == "final"]
         self._init_done = not self._init_stages
         self._final_done = False
@@ -375,20 +376,29 @@ class Executor:
                 f"cannot rewind to {length}: the encoder read the prompt, so only rewind_to(0) "
                 "(a new prompt) is possible"
             )
-        if self._recurrent and length:
+        restore = self._snapshot is not None and self._snapshot[0] == length
+        if self._recurrent and length and not restore:
             raise GenerationError(
-                f"cannot rewind to {length}: a recurrent state ({', '.join(self._recurrent)}) "
-                "only rewinds to 0"
+                f"cannot rewind: a recurrent state ({', '.join(self._recurrent)}) rewinds only "
+                "to 0 or to where snapshot_state was called"
             )
         if self.cache is not None:  # first: a cache may refuse (evicted rows), changing nothing
             self.cache.rewind_to(length)
         self.positions.rewind_to(length)
         self._step_positions.rewind_to(length)
+        if restore and length:
+            self._recurrent.update(self._snapshot[1])
         if length == 0:
             self._recurrent.clear()
+            self._snapshot = None
             if self._source:
                 self._init_done = False  # the next prompt is a new source
         self._final_done = False
+
+    def snapshot(self) -> None:
+        """Keep the recurrent state at this length for ``rewind_to`` it (the reference's
+        ``snapshot_state``). Each pass allocates new state outputs, so holding them is a copy."""
+        self._snapshot = (self.length, dict(self._recurrent)) if self._recurrent else None
 
     def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
