@@ -63,6 +63,15 @@ class ConcatCache:
             ]
         self.length = min(self.length, length)
 
+    def reorder(self, rows: np.ndarray) -> None:
+        if self.length == 0 or (rows == np.arange(rows.size)).all():
+            return
+        axis = self.layout.batch_axis
+        self._past = [
+            ort.OrtValue.ortvalue_from_numpy(np.take(v.numpy(), rows, axis=axis))
+            for v in self._past
+        ]
+
     def compact(self, start: int, keep: np.ndarray) -> None:
         """Keep the tokens before ``start`` and those at positions ``keep`` (in order)."""
         index = np.concatenate([np.arange(start, dtype=np.int64), keep])

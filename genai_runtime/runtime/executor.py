@@ -387,6 +387,22 @@ class Executor:
                 self._init_done = False  # the next prompt is a new source
         self._final_done = False
 
+    def reorder_rows(self, rows: np.ndarray) -> None:
+        """Batch row i of the cache takes old row ``rows[i]`` (beam search). Rows move only
+        among one prompt's rows, which share positions and cross-attention inputs."""
+        if self._recurrent:
+            raise UnsupportedError(
+                f"beam search cannot reorder a recurrent state ({', '.join(self._recurrent)})"
+            )
+        if self.cache is None:
+            return
+        reorder = getattr(self.cache, "reorder", None)
+        if reorder is None:
+            raise UnsupportedError(
+                f"a {self.cache.kind} cache cannot reorder its rows (beam search)"
+            )
+        reorder(rows)
+
     def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
         real = self.positions.last_index + 1 if self.batch_size > 1 else [tokens.shape[1]]
