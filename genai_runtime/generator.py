@@ -434,7 +434,7 @@ class Generator:
             raise GenerationError(
                 f"no stage declares an input {name!r} (inputs: {', '.join(sorted(known))})"
             )
-        self._exec.set_input(name, array)
+        self._exec.set_input(name, array, repeat=self.search.num_beams)
 
     def set_inputs(self, inputs: Any) -> None:
         """Set every named tensor (``og.NamedTensors`` or a dict); ``input_ids`` is the prompt,

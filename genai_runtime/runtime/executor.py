@@ -430,8 +430,10 @@ class Executor:
             self._last_run[stage.plan.name] = stage
         self._final_done = True
 
-    def set_input(self, name: str, array: np.ndarray) -> None:
-        """A user tensor (``set_model_input`` / ``set_inputs``); init stages that read it rerun."""
+    def set_input(self, name: str, array: np.ndarray, repeat: int = 1) -> None:
+        """A user tensor (``set_model_input`` / ``set_inputs``); init stages that read it rerun.
+        With ``repeat`` (beam search's rows per prompt), a batched input given per prompt has
+        each row repeated that many times."""
         readers = [s for s in self.stages if any(f.name == name for f in s.user_feeds)]
         if not readers:
             known = sorted({f.name for s in self.stages for f in s.user_feeds})
@@ -441,6 +443,8 @@ class Executor:
             )
         for stage in readers:
             feed = next(f for f in stage.user_feeds if f.name == name)
+            if repeat > 1 and _batched(stage, feed) and array.shape[0] * repeat == self.batch_size:
+                array = np.repeat(array, repeat, axis=0)
             _check_user_tensor(stage, feed, array, self.batch_size)
         self.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
         if any(s.step.when == "init" for s in readers):
@@ -700,6 +704,12 @@ def _output(stage: _Stage, name: str) -> ort.OrtValue:
     return joined if joined is not None else stage.bound.output(name)
 
 
+def _batched(stage: _Stage, feed) -> bool:
+    """Whether a user input's axis 0 is the batch (a dimension named so, per-image loops not)."""
+    first = feed.info.shape[0] if feed.info.shape else None
+    return stage.step.loop != "per_image" and isinstance(first, str) and "batch" in first.lower()
+
+
 def _check_user_tensor(stage: _Stage, feed, array: np.ndarray, batch: int) -> None:
     """Rank, dtype, fixed dims and a batch axis of the generator's batch size."""
     file, info = stage.plan.io.file, feed.info
@@ -721,9 +731,7 @@ def _check_user_tensor(stage: _Stage, feed, array: np.ndarray, batch: int) -> No
                 f"{file}: input {feed.name!r} expects {dim} on axis {axis} ({info}), got shape "
                 f"{array.shape}"
             )
-    first = info.shape[0] if info.shape else None
-    batched = isinstance(first, str) and "batch" in first.lower()
-    if not per_image and batched and array.shape[0] != batch:
+    if _batched(stage, feed) and array.shape[0] != batch:
         raise GenerationError(
             f"{file}: input {feed.name!r} has batch {array.shape[0]} on axis 0 but the "
             f"generator's batch_size is {batch}"
