@@ -60,15 +60,18 @@ def log_softmax(logits: np.ndarray, scratch: np.ndarray | None = None) -> np.nda
 
 
 def best_candidates(
-    scores: np.ndarray, num_beams: int, count: int
+    scores: np.ndarray, num_beams: int, count: int, scratch: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The ``count`` best (beam, token) pairs of each prompt in ``scores`` [B * K, V], best first
     (ties: lower beam, then lower token). Returns values, beams (0..K-1) and tokens, each
-    [B, count]."""
+    [B, count]. ``scratch`` (the shape of ``scores``) takes the negated scores."""
     vocab = scores.shape[1]
     flat = scores.reshape(-1, num_beams * vocab)
     count = min(count, flat.shape[1])
-    picked = np.argpartition(flat, flat.shape[1] - count, axis=1)[:, -count:]
+    # Selecting the smallest negated scores: numpy's partition stays fast when many scores tie
+    # (masked logits), where selecting the largest from the back slows down ~50x.
+    negated = np.negative(flat, out=None if scratch is None else scratch.reshape(flat.shape))
+    picked = np.argpartition(negated, count - 1, axis=1)[:, :count]
     values = np.take_along_axis(flat, picked, axis=1)
     order = np.lexsort((picked, -values))
     picked = np.take_along_axis(picked, order, axis=1)
@@ -156,7 +159,7 @@ class BeamScorer:
             self._scratch = np.empty_like(logits)
         log_softmax(logits, self._scratch)
         logits += self.scores[:, None]
-        values, beams, tokens = best_candidates(logits, k, self._count)
+        values, beams, tokens = best_candidates(logits, k, self._count, self._scratch)
         # The reference reads each prompt's best candidate from the flat [B * 2K] candidate
         # scores at offset b * K (not b * 2K); the same window keeps its stopping step.
         window = np.ascontiguousarray(values[:, : 2 * k]).ravel()
