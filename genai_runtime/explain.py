@@ -13,9 +13,11 @@ from typing import Any
 
 from .decoding.chain import make_picker
 from .errors import GenaiRuntimeError
+from .kv.planning import device_obstacle
 from .routing import classify
 from .runtime.pipeline import LoadedPipeline
 from .runtime.plan import Plan
+from .session.device import HOST, Device
 from .spec import PHASES, GenerationSpec, PipelineSpec
 from .speculative import tree_note
 
@@ -78,7 +80,7 @@ def explain_spec(
         if note:
             report["speculative"] = [note]
         report["graphs"] = {
-            "stages": [_stage(stage) for stage in plan.stages],
+            "stages": [_stage(stage, pipeline) for stage in plan.stages],
             "vocab_size": plan.vocab_size,
             "kv_cache": _kv(pipeline),
             "cross_cache": None
@@ -191,7 +193,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _stage(stage: Any) -> dict[str, Any]:
+def _stage(stage: Any, pipeline: LoadedPipeline) -> dict[str, Any]:
     inputs = []
     for feed in stage.feeds:
         entry: dict[str, Any] = {
@@ -209,6 +211,7 @@ def _stage(stage: Any) -> dict[str, Any]:
         "session": stage.name,
         "file": stage.io.file,
         "phase": stage.step.when,
+        "device": str(Device.of(pipeline.sessions[stage.name])),
         "inputs": inputs,
         "logits": stage.logits.name if stage.logits is not None else None,
         "wire_outputs": list(stage.wire_outputs),
@@ -235,9 +238,13 @@ def _kv(pipeline: LoadedPipeline) -> dict[str, Any] | None:
         "window": layout.window,
         "window_layers": list(layout.window_layers),
     }
+    devices = {Device.of(pipeline.sessions[s.name]) for s in pipeline.plan.stages if s.layout}
+    device = devices.pop() if len(devices) == 1 else HOST
+    out["device"] = str(device)
     try:
         kv_plan = pipeline.kv_plan()
         out["kind"], out["reason"] = kv_plan.kind, kv_plan.reason
+        out["device_obstacle"] = device_obstacle(kv_plan.kind, device)
     except GenaiRuntimeError as exc:  # the layout is real even when no cache kind handles it
         out["kind"], out["reason"] = None, str(exc)
     return out
@@ -299,7 +306,8 @@ def format_report(report: Mapping[str, Any]) -> str:
 
     add("stages:")
     for stage in graphs["stages"]:
-        add(f"  {stage['session']} ({stage['file']}, {stage['phase']}):")
+        where = f", on {stage['device']}" if stage.get("device") else ""
+        add(f"  {stage['session']} ({stage['file']}, {stage['phase']}{where}):")
         kv = [i for i in stage["inputs"] if i["source"] == "kv"]
         cross = [i for i in stage["inputs"] if i["source"] == "cross"]
         rows = [
@@ -342,6 +350,11 @@ def format_report(report: Mapping[str, Any]) -> str:
             add(f"  window:    {kv['window']} tokens on layers {which}")
         kind = kv["kind"] or "unavailable"
         add(f"  kind:      {kind} ({kv['reason']})")
+        if kv.get("device"):
+            held = "buffers bound once as past and present" if kv["device"] != "cpu" else "host"
+            add(f"  lives on:  {kv['device']} ({held})")
+        if kv.get("device_obstacle"):
+            add(f"  device:    {kv['device_obstacle']}")
     return "\n".join(lines) + "\n"
 
 

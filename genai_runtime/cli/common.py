@@ -86,11 +86,31 @@ def search_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def load_model(model_dir: str, trust: bool = False) -> tuple[Any, Any]:
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="execution provider to run on: cpu, cuda, cuda:N, dml, ... (default: the model "
+        "folder's session_options.provider_options, else cpu)",
+    )
+
+
+def model_config(path: str, device: str | None = None) -> Any:
+    """The folder's ``Config``, its providers replaced by ``device`` when one is given."""
+    from ..model import Config
+
+    config = Config(path)
+    if device:
+        config.use_device(device)
+    return config
+
+
+def load_model(model_dir: str, trust: bool = False, device: str | None = None) -> tuple[Any, Any]:
     """The model and its tokenizer, from a folder or the name of a pulled model."""
     from ..importer.cache import resolve_model_dir
     from ..model import Model
     from ..tokenizer import Tokenizer
 
-    model = Model(resolve_model_dir(model_dir), trust_remote_code=trust)
+    config = model_config(resolve_model_dir(model_dir), device)
+    model = Model(config, trust_remote_code=trust)
     return model, Tokenizer(model)

@@ -16,6 +16,7 @@ from ..generator import Generator, GeneratorParams
 from ..multimodal.processor import TRANSCRIBE_PROMPT
 from ..timing import Timing, peak_rss_mib, timed_generate
 from .common import (
+    add_device_arg,
     add_search_args,
     add_trust_arg,
     at_least,
@@ -31,12 +32,13 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("run", help="generate text for one prompt, streamed")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     add_trust_arg(p)
+    add_device_arg(p)
     p.add_argument("-p", "--prompt", help="prompt text (required unless --audio)")
     p.add_argument(
         "--audio",
         metavar="FILE",
-        help="audio file for a speech model (wav/flac/ogg/mp3; needs the 'audio' extra); the "
-        "prompt defaults to Whisper's transcription prompt",
+        help="audio file for a speech model (wav/flac/ogg/mp3; needs the 'audio' extra), of any "
+        "length; the prompt defaults to Whisper's transcription prompt",
     )
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
     p.add_argument("--system", metavar="TEXT", help="system message (implies --chat)")
@@ -59,6 +61,7 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("bench", help="measure prefill / decode speed and memory")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     add_trust_arg(p)
+    add_device_arg(p)
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text")
     prompt.add_argument(
@@ -92,9 +95,19 @@ def _check_run(args: argparse.Namespace) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model(args.model_dir, args.trust_remote_code)
+    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
     if args.audio is not None and args.prompt is None:
         args.prompt = TRANSCRIBE_PROMPT
+    constrained = (args.json_schema, args.lark, args.regex, args.max_new_tokens, args.max_length)
+    if (
+        args.audio is not None
+        and not args.chat
+        and args.system is None
+        and constrained == (None,) * 5
+    ):
+        # Model.transcribe reads audio of any length (window by window past 30 s).
+        print(model.transcribe(args.audio, prompt=args.prompt, **search_options(args)))
+        return 0
     if args.chat or args.system is not None:
         messages = [{"role": "user", "content": args.prompt}]
         if args.system is not None:
@@ -158,7 +171,7 @@ def _bench_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model(args.model_dir, args.trust_remote_code)
+    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
     ids = _bench_prompt(tokenizer, args)
     total = len(ids) + args.new_tokens
     timings: list[Timing] = []

@@ -86,7 +86,7 @@ class CrossCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(value.numpy().nbytes for value in self._values.values())
+        return sum(value.tensor_size_in_bytes() for value in self._values.values())
 
     def rewind_to(self, length: int) -> None:
         """The cross cache depends on the input, not the decoded length: nothing to forget."""

@@ -9,7 +9,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError, ConfigProblem, ModelError
+from ..errors import ConfigError, ConfigProblem, ModelError, UnsupportedError
+from ..session.device import HOST, Device
 from ..spec import KVCacheSpec
 from .base import KVCache, KVLayout
 from .concat import ConcatCache
@@ -153,8 +154,23 @@ def _auto_plan(layout: KVLayout, share_buffer: bool) -> KVPlan:
     return KVPlan("concat", layout, f"{layout.format} caches, past_present_share_buffer off")
 
 
+def device_obstacle(kind: str, device: Device) -> str | None:
+    """Why a cache of ``kind`` cannot hold its keys/values on ``device`` (None: it can)."""
+    if device.host or getattr(CACHE_KINDS.get(kind), "on_device", False):
+        return None
+    able = ", ".join(k for k, c in CACHE_KINDS.items() if getattr(c, "on_device", False))
+    return (
+        f"a {kind} cache moves its keys/values with host code, so it cannot live on {device} "
+        f"(kinds that run on a device: {able}); run this model on the CPU provider"
+    )
+
+
 def make_cache(
-    plan: KVPlan, batch_size: int, max_length: int, positions: PositionState | None = None
+    plan: KVPlan,
+    batch_size: int,
+    max_length: int,
+    positions: PositionState | None = None,
+    device: Device = HOST,
 ) -> KVCache:
     layout = plan.layout
     if layout.static_batch is not None and layout.static_batch != batch_size:
@@ -162,10 +178,16 @@ def make_cache(
             f"{layout.file}: KV input {layout.past[0][0]!r} fixes batch size "
             f"{layout.static_batch}; batch_size {batch_size} cannot run on it"
         )
+    why = device_obstacle(plan.kind, device)
+    if why is not None:
+        raise UnsupportedError(f"{layout.file}: {why}")
     cls = CACHE_KINDS[plan.kind]
     if getattr(cls, "uses_positions", False):
         return cls(layout, batch_size, max_length, positions=positions)
-    cache = cls(layout, batch_size, max_length)
+    if getattr(cls, "on_device", False):
+        cache = cls(layout, batch_size, max_length, device=device)
+    else:
+        cache = cls(layout, batch_size, max_length)
     if layout.drivers and positions is not None:
         return DriverFed(cache, batch_size, positions)
     return cache

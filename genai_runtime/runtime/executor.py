@@ -24,6 +24,7 @@ from ..errors import GenerationError, ModelError, UnsupportedError
 from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
 from ..session.bound import BoundSession
+from ..session.device import HOST, Device
 from ..session.positions import PositionState
 from ..spec import TokensSpec
 from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan, StagePlan, role_name
@@ -68,8 +69,7 @@ class _Stage:
         self.bound = BoundSession(
             plan.name, session, plan.io, run_options(dict(plan.session.options.run_options))
         )
-        self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per input/output
-        self.bound_arrays: dict[str, np.ndarray] = {}  # the array object bound per input
+        self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per output
         self.role_feeds = plan.feeds_from("role")
         # The ids dtype, read once (used per token).
         self.dtypes = {f.name: f.info.dtype for f in self.role_feeds if f.role == "input_ids"}
@@ -131,8 +131,11 @@ class Executor:
                     pos_dtype = feed.info.dtype
         self.positions = PositionState(batch_size, max_length, pad_token_id, mask_dtype, pos_dtype)
         self.cross = CrossCache(plan.cross) if plan.cross is not None else None
+        self.device = _kv_device(self.stages)
         self.cache: KVCache | None = (
-            make_cache(kv_plan, batch_size, max_length, self.positions) if kv_plan else None
+            make_cache(kv_plan, batch_size, max_length, self.positions, self.device)
+            if kv_plan
+            else None
         )
         self.user_inputs: dict[str, ort.OrtValue] = {}
         self._init_stages = [s for s in self.stages if s.step.when == "init"]
@@ -359,7 +362,7 @@ class Executor:
         return out
 
     def _fixed_logits(self, stage: _Stage) -> np.ndarray:
-        if self.plan.vocab_size is None:
+        if self.plan.vocab_size is None or not stage.bound.device.host:
             return stage.bound.output(stage.plan.logits.name).numpy()
         return self._logits_out
 
@@ -388,20 +391,14 @@ class Executor:
         self._final_done = False
 
     def reorder_rows(self, rows: np.ndarray) -> None:
-        """Batch row i of the cache takes old row ``rows[i]`` (beam search). Rows move only
-        among one prompt's rows, which share positions and cross-attention inputs."""
-        if self._recurrent:
-            raise UnsupportedError(
-                f"beam search cannot reorder a recurrent state ({', '.join(self._recurrent)})"
-            )
-        if self.cache is None:
-            return
+        """Cache row i takes old row ``rows[i]`` (beam search: among one prompt's rows, which
+        share positions and cross-attention inputs)."""
         reorder = getattr(self.cache, "reorder", None)
-        if reorder is None:
-            raise UnsupportedError(
-                f"a {self.cache.kind} cache cannot reorder its rows (beam search)"
-            )
-        reorder(rows)
+        if self._recurrent or (self.cache is not None and reorder is None):
+            held = ", ".join(self._recurrent) or f"a {self.cache.kind} cache"
+            raise UnsupportedError(f"beam search cannot reorder the rows of {held}")
+        if reorder is not None:
+            reorder(rows)
 
     def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
@@ -432,8 +429,7 @@ class Executor:
 
     def set_input(self, name: str, array: np.ndarray, repeat: int = 1) -> None:
         """A user tensor (``set_model_input`` / ``set_inputs``); init stages that read it rerun.
-        With ``repeat`` (beam search's rows per prompt), a batched input given per prompt has
-        each row repeated that many times."""
+        ``repeat``: a batched input given per prompt has each row repeated (beam search)."""
         readers = [s for s in self.stages if any(f.name == name for f in s.user_feeds)]
         if not readers:
             known = sorted({f.name for s in self.stages for f in s.user_feeds})
@@ -560,15 +556,8 @@ class Executor:
         stage.bind_alloc_outputs()
 
     def _bind(self, stage: _Stage, name: str, array: np.ndarray) -> None:
-        """Bind by pointer; a buffer whose pointer and shape are unchanged stays bound (its
-        contents are read at run time, so updating it in place is enough)."""
-        if stage.bound_arrays.get(name) is array:
-            return  # the same object: same pointer and shape (a decode pass's ids buffer)
-        key = (array.__array_interface__["data"][0], array.shape)
-        if stage.shapes.get(name) != key:
-            stage.bound.bind_array(name, array)
-            stage.shapes[name] = key
-        stage.bound_arrays[name] = array
+        """A per-pass host input, bound where its session reads it (``BoundSession.feed``)."""
+        stage.bound.feed(name, array)
 
     def _mask4(self, dtype: np.dtype, n: int) -> np.ndarray:
         """A ``[B, 1, n, total]`` mask: the 2D padding mask, causal (or the tree's ancestry)
@@ -636,7 +625,8 @@ class Executor:
     def _bind_logits(self, stage: _Stage, n: int) -> None:
         info = stage.plan.logits
         vocab = self.plan.vocab_size
-        if vocab is None:
+        if vocab is None or not stage.bound.device.host:
+            # On a device the logits stay there until the rows token choice needs are taken.
             stage.bound.bind_output_alloc(info.name)
             return
         if info.rank == 3:
@@ -658,7 +648,10 @@ class Executor:
 
     def _read_logits(self, n: int) -> np.ndarray:
         stage = self._logits_stage
-        if self.plan.vocab_size is None:
+        device = stage.bound.device
+        if not device.host:
+            logits = self._device_rows(stage)
+        elif self.plan.vocab_size is None:
             logits = stage.bound.output(stage.plan.logits.name).numpy()
         else:
             logits = self._logits_out
@@ -669,6 +662,17 @@ class Executor:
         else:
             rows = logits[np.arange(self.batch_size), self.positions.last_index]
         return rows if rows.dtype == np.float32 else rows.astype(np.float32)
+
+    def _device_rows(self, stage: _Stage) -> np.ndarray:
+        """The logits rows token choice reads, copied from the device: each row's last real
+        token when all rows end at the same column (one small gather there), else all rows."""
+        value = stage.bound.output(stage.plan.logits.name)
+        shape = value.shape()
+        if len(shape) == 3 and shape[1] > 1:
+            last = np.unique(self.positions.last_index)
+            if last.size == 1:
+                return stage.bound.device.take(value, last, axis=1).numpy()
+        return value.numpy()
 
     def pass_logits(self) -> np.ndarray:
         """Logits ``[B, n, V]`` at every position of the last pass (a view the next pass
@@ -683,7 +687,7 @@ class Executor:
             raise ModelError(
                 f"{stage.plan.io.file}: logits {stage.plan.logits} hold the last position only"
             )
-        if self.plan.vocab_size is None:
+        if self.plan.vocab_size is None or not stage.bound.device.host:
             return stage.bound.output(stage.plan.logits.name).numpy()
         return self._logits_out
 
@@ -699,13 +703,21 @@ class Executor:
         raise GenerationError(f"no stage has run with an output named {name!r}")
 
 
+def _kv_device(stages: list[_Stage]) -> Device:
+    """The device of the stages that hold the KV cache (one device for all of them)."""
+    devices = {s.bound.device for s in stages if s.has_kv}
+    if len(devices) > 1:
+        listed = ", ".join(f"{s.plan.io.file} on {s.bound.device}" for s in stages if s.has_kv)
+        raise ModelError(f"the stages that share the KV cache run on different devices: {listed}")
+    return devices.pop() if devices else HOST
+
+
 def _output(stage: _Stage, name: str) -> ort.OrtValue:
     joined = stage.joined.get(name)
     return joined if joined is not None else stage.bound.output(name)
 
 
-def _batched(stage: _Stage, feed) -> bool:
-    """Whether a user input's axis 0 is the batch (a dimension named so, per-image loops not)."""
+def _batched(stage: _Stage, feed) -> bool:  # axis 0 named a batch (per-image loops: images)
     first = feed.info.shape[0] if feed.info.shape else None
     return stage.step.loop != "per_image" and isinstance(first, str) and "batch" in first.lower()
 

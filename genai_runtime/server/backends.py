@@ -18,6 +18,7 @@ from ..model import Model
 from ..runtime.executor import Executor
 from ..runtime.sessions import run_options
 from ..session.bound import BoundSession
+from ..session.device import Device
 
 GROWTH_TOKENS = 256
 
@@ -92,6 +93,9 @@ class BatchedSlots:
             return "the decoder needs wired or user inputs, or has no attention_mask"
         if stage.logits is None or plan.vocab_size is None:
             return "the decoder's logits or vocabulary size are unknown"
+        device = Device.of(model.sessions[stage.name])
+        if not device.host:
+            return f"the decoder runs on {device} and batched rows keep their cache in host memory"
         return None
 
     def __init__(self, model: Model, num_slots: int, max_length: int):

@@ -339,9 +339,11 @@ class Engine:
         with self._lock:
             if self._active.get(job.slot) is job:
                 del self._active[job.slot]
-        # What the slot's cache now holds: the prompt and every token fed back so far.
-        fed = np.asarray(job.tokens[:-1], np.int64)
-        self._held[job.slot] = np.concatenate([job.prompt, fed])
+        # Only the prompt counts as reusable: generated tokens were written by batched one-token
+        # passes, which int4 kernels round differently from a prefill, so reusing them would
+        # make a follow-up turn's greedy text differ from a fresh server's (6/20 conversations,
+        # benchmarks/server_prefix_parity.py). A follow-up prefills the reply again instead.
+        self._held[job.slot] = job.prompt
         self.slots.release(job.slot)
 
     def _count(self, outcome: str) -> None:

@@ -4,6 +4,8 @@ reorder), the next tokens, and the returned sequences with their scores. Plus th
 
 from __future__ import annotations
 
+import json
+
 import layouts as L
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from beam_reference import beam_search
 
 import genai_runtime as og
 from genai_runtime.errors import GenerationError, UnsupportedError
+from genai_runtime.session.device import COPY_ON_BIND
 
 ATOL = 1e-4
 PROMPTS = [[5, 9, 3, 7, 12], [4, 8]]  # the second is right-padded
@@ -36,6 +39,12 @@ def models(tmp_path_factory, w) -> dict[str, og.Model]:
     # cache_slack 2: the windowed layer keeps 6 rows and evicts during the run.
     windowed = L.folder(root / "window", "share-buffer", w, cache_slack=2, **WINDOW)
     out["sliding-window"] = og.Model(windowed)
+    # The device code path on the CPU provider: inputs copied when bound, rows moved by a
+    # Gather graph (see tests/integration/test_device.py).
+    for layout in ("concat", "share-buffer"):
+        config = og.Config(root / layout)
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {COPY_ON_BIND: "1"}}}}))
+        out[f"{layout} on a device"] = og.Model(config)
     return out
 
 
@@ -50,7 +59,9 @@ def _padded(prompts: list[list[int]]) -> np.ndarray:
     return np.array([p + [L.PAD] * (width - len(p)) for p in prompts], np.int64)
 
 
-@pytest.mark.parametrize("layout", [*L.LAYOUTS, "sliding-window"])
+@pytest.mark.parametrize(
+    "layout", [*L.LAYOUTS, "sliding-window", "concat on a device", "share-buffer on a device"]
+)
 def test_beam_search_equals_numpy_beam_search(models, w, layout) -> None:
     prompts = EVEN if layout == "sliding-window" else PROMPTS
     window = WINDOW if layout == "sliding-window" else {}
@@ -60,7 +71,9 @@ def test_beam_search_equals_numpy_beam_search(models, w, layout) -> None:
         models[layout], batch_size=2, num_beams=BEAMS, num_return_sequences=BEAMS,
         max_length=width + NEW, **options,
     )  # fmt: skip
-    assert generator.kv_plan.kind == layout
+    assert generator.kv_plan.kind == layout.removesuffix(" on a device")
+    if layout.endswith("device"):
+        assert not generator.kv_cache.device.host
     generator.append_tokens(_padded(prompts))
 
     def recompute(step: int, rows: np.ndarray, live: np.ndarray) -> np.ndarray:
