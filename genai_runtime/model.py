@@ -250,6 +250,10 @@ class Model:
         params = GeneratorParams(self)
         if search_options:
             params.set_search_options(**search_options)
+        if params.search.num_beams > 1:
+            raise UnsupportedError(
+                "generate() streams one sequence; for beam search use a Generator and get_sequence"
+            )
         generator = Generator(self, params)
         generator.append_tokens(ids)
         stream = tokenizer.create_stream()

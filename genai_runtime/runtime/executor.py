@@ -262,6 +262,16 @@ class Executor:
         ``snapshot_state``). Each pass allocates new state outputs, so holding them is a copy."""
         self._snapshot = (self.length, dict(self._recurrent)) if self._recurrent else None
 
+    def reorder_rows(self, rows: np.ndarray) -> None:
+        """Cache row i takes old row ``rows[i]`` (beam search: among one prompt's rows, which
+        share positions and cross-attention inputs)."""
+        reorder = getattr(self.cache, "reorder", None)
+        if self._recurrent or (self.cache is not None and reorder is None):
+            held = ", ".join(self._recurrent) or f"a {self.cache.kind} cache"
+            raise UnsupportedError(f"beam search cannot reorder the rows of {held}")
+        if reorder is not None:
+            reorder(rows)
+
     def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
         real = self.positions.last_index + 1 if self.batch_size > 1 else [tokens.shape[1]]
@@ -289,8 +299,9 @@ class Executor:
             self._last_run[stage.plan.name] = stage
         self._final_done = True
 
-    def set_input(self, name: str, array: np.ndarray) -> None:
-        """A user tensor (``set_model_input`` / ``set_inputs``); init stages that read it rerun."""
+    def set_input(self, name: str, array: np.ndarray, repeat: int = 1) -> None:
+        """A user tensor (``set_model_input`` / ``set_inputs``); init stages that read it rerun.
+        ``repeat``: a batched input given per prompt has each row repeated (beam search)."""
         readers = [s for s in self.stages if any(f.name == name for f in s.user_feeds)]
         if not readers:
             known = sorted({f.name for s in self.stages for f in s.user_feeds})
@@ -300,6 +311,8 @@ class Executor:
             )
         for stage in readers:
             feed = next(f for f in stage.user_feeds if f.name == name)
+            if repeat > 1 and _batched(stage, feed) and array.shape[0] * repeat == self.batch_size:
+                array = np.repeat(array, repeat, axis=0)
             _check_user_tensor(stage, feed, array, self.batch_size)
         self.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
         if any(s.step.when == "init" for s in readers):
@@ -517,6 +530,11 @@ def _kv_device(stages: list[BoundStage]) -> Device:
     return devices.pop() if devices else HOST
 
 
+def _batched(stage: BoundStage, feed) -> bool:  # axis 0 named a batch (per-image loops: images)
+    first = feed.info.shape[0] if feed.info.shape else None
+    return stage.step.loop != "per_image" and isinstance(first, str) and "batch" in first.lower()
+
+
 def _check_user_tensor(stage: BoundStage, feed, array: np.ndarray, batch: int) -> None:
     """Rank, dtype, fixed dims and a batch axis of the generator's batch size."""
     file, info = stage.plan.io.file, feed.info
@@ -538,9 +556,7 @@ def _check_user_tensor(stage: BoundStage, feed, array: np.ndarray, batch: int) -
                 f"{file}: input {feed.name!r} expects {dim} on axis {axis} ({info}), got shape "
                 f"{array.shape}"
             )
-    first = info.shape[0] if info.shape else None
-    batched = isinstance(first, str) and "batch" in first.lower()
-    if not per_image and batched and array.shape[0] != batch:
+    if _batched(stage, feed) and array.shape[0] != batch:
         raise GenerationError(
             f"{file}: input {feed.name!r} has batch {array.shape[0]} on axis 0 but the "
             f"generator's batch_size is {batch}"
