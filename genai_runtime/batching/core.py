@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..adapters import Adapters
 from ..decoding.chain import make_picker
 from ..decoding.picker import TokenPicker
 from ..decoding.processors import Processor
@@ -79,6 +80,7 @@ class Row:
     picker: TokenPicker
     rng: np.random.Generator
     slot: int = -1
+    adapter: str | None = None  # a LoRA adapter of the core's, by name (interleaved slots only)
     processed: int = 0  # leading tokens whose keys/values the slot holds
     logits: np.ndarray | None = None  # next-token logits, once the slot holds every token
 
@@ -98,8 +100,9 @@ class DecodeCore:
     """Slots over one model plus the steps every engine takes with them.
 
     ``batched=None`` picks ``BatchedSlots`` when the model allows it (one onnxruntime call for
-    every row), else ``InterleavedSlots``. ``min_rows`` is the fewest rows a batched decode call
-    runs when the caller names no span (the server: 2, see ``BatchedSlots``).
+    every row), else ``InterleavedSlots``; loaded LoRA ``adapters`` need interleaved slots (one
+    batched call runs every row with the same tensors). ``min_rows`` is the fewest rows a
+    batched decode call runs when the caller names no span (the server: 2, see ``BatchedSlots``).
     """
 
     def __init__(
@@ -110,17 +113,23 @@ class DecodeCore:
         context: int,
         batched: bool | None = None,
         min_rows: int = 2,
+        adapters: Adapters | None = None,
     ):
         self.model = model
         self.context = context
         why = BatchedSlots.supports(model)
+        if adapters is not None and adapters.names():
+            why = "LoRA adapters are loaded"
+            batched = False if batched is None else batched
         if batched is None:
             batched = why is None
         elif batched and why is not None:
             log.warning("batched decode unavailable (%s); interleaving requests", why)
             batched = False
-        kind = BatchedSlots if batched else InterleavedSlots
-        self.slots = kind(model, num_slots, context, min_rows=min_rows)
+        if batched:
+            self.slots = BatchedSlots(model, num_slots, context, min_rows=min_rows)
+        else:
+            self.slots = InterleavedSlots(model, num_slots, context, adapters, min_rows=min_rows)
         self.eos = frozenset(int(t) for t in model.spec.tokens.eos)
         self.vocab_size = model.vocab_size
 
@@ -155,7 +164,7 @@ class DecodeCore:
         for row in rows:
             if row.pending > 1:
                 tokens = row.history.array()[row.processed :]
-                row.logits = self.slots.prefill(row.slot, tokens, row.processed)
+                row.logits = self.slots.prefill(row.slot, tokens, row.processed, row.adapter)
                 row.processed = len(row.history)
             elif row.pending == 1:
                 single.append(row)

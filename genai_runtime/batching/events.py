@@ -15,7 +15,7 @@ from typing import Any
 from .options import EngineError, EngineErrorCode, EngineEventFlags, FinishReason
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TurnUsage:
     """Token counts of one turn: the input ``begin_turn`` took, the tokens it generated, and the
     prompt tokens served from a cache (always 0, as in the reference)."""
@@ -28,7 +28,7 @@ class TurnUsage:
 NO_USAGE = TurnUsage()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EngineEvent:
     """One thing that happened to a turn. Check ``flags``: ``TOKEN`` carries ``token``;
     ``TURN_FINISHED`` carries ``finish_reason``, ``usage`` and, for ``STOP_STRING``, the
@@ -44,7 +44,7 @@ class EngineEvent:
     usage: TurnUsage = NO_USAGE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EngineCapabilities:
     """What the engine schedules: the batch size it was configured with, and the longest request
     and the token budget per step (0: not limited beyond the model's own length)."""

@@ -12,9 +12,12 @@ import math
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+from ..config.pulled import pulled_folder
 from ..errors import GenaiRuntimeError
+from .access_log import configure_logging, remove_logging
 
 __all__ = ["ServerHandle", "build_engine", "is_loopback", "serve"]
 
@@ -32,8 +35,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_engine(model_dir: str | Path, device: str | None = None, **engine_options):
-    """Load a model folder and start an engine over it."""
+def build_engine(
+    model_dir: str | Path,
+    device: str | None = None,
+    adapters: Mapping[str, str] | None = None,
+    **engine_options,
+):
+    """Load a model folder (and its LoRA ``adapters``, name -> ``.onnx_adapter`` path) and
+    start an engine over it."""
+    from ..adapters import Adapters
     from ..model import Config, Model
     from ..tokenizer import Tokenizer
     from .engine import ServerEngine
@@ -42,19 +52,29 @@ def build_engine(model_dir: str | Path, device: str | None = None, **engine_opti
     if device:
         config.use_device(device)
     model = Model(config)
-    engine = ServerEngine(model, Tokenizer(model), **engine_options)
+    loaded = None
+    if adapters:
+        loaded = Adapters(model)
+        for name, path in adapters.items():
+            loaded.load(path, name)
+    engine = ServerEngine(model, Tokenizer(model), adapters=loaded, **engine_options)
     engine.start()
     return engine
 
 
 def serve(model_dir: str, *, log_level: str = "info", **options) -> None:
-    """Serve until interrupted (``genai-runtime serve``); options as for ``ServerHandle``."""
-    handle = ServerHandle(model_dir, log_level=log_level, **options)
-    print(f"serving {handle.state.served_name!r} on {handle.url}/v1", flush=True)
+    """Serve until interrupted (``genai-runtime serve``); options as for ``ServerHandle``.
+    Log records (one access line per request at ``info``) go to stderr."""
+    handler = configure_logging(log_level)
     try:
-        handle.server.run(sockets=[handle.sock])
-    finally:
-        handle.close_engine()
+        handle = ServerHandle(model_dir, log_level=log_level, **options)
+        print(f"serving {handle.state.served_name!r} on {handle.url}/v1", flush=True)
+        try:
+            handle.server.run(sockets=[handle.sock])
+        finally:
+            handle.close_engine()
+    finally:  # in-process callers (tests) keep no handler on a stream that may close
+        remove_logging(handler)
 
 
 class ServerHandle:
@@ -83,8 +103,11 @@ class ServerHandle:
         prefix_reuse: bool = True,
         special_tokens_in_messages: bool = False,
         device: str | None = None,
+        adapters: Mapping[str, str] | None = None,
         log_level: str = "warning",
     ):
+        """``adapters``: LoRA adapter name -> ``.onnx_adapter`` file; a request picks one with
+        ``model: "<served name>:<adapter>"``."""
         try:
             import uvicorn
         except ImportError as exc:
@@ -111,10 +134,15 @@ class ServerHandle:
                     "--api-key KEY (or --insecure to accept anyone on the network)"
                 )
             log.warning("serving on %s without an API key: anyone who reaches it can use it", host)
-        if not Path(model_dir).is_dir():
-            raise GenaiRuntimeError(f"model folder not found: {model_dir}")
+        folder = pulled_folder(model_dir) or Path(model_dir)
+        if not folder.is_dir():
+            raise GenaiRuntimeError(f"model folder not found: {model_dir} (nor a pulled model)")
+        model_dir = str(folder)
+        for name in adapters or {}:
+            if not isinstance(name, str) or not name or ":" in name:
+                raise GenaiRuntimeError(f"adapter name {name!r}: expected a name without ':'")
         self.state = ServerState(
-            served_name=served_name or Path(model_dir).resolve().name,
+            served_name=served_name or folder.resolve().name,
             api_key=api_key or None,
             max_body=max_body or DEFAULT_MAX_BODY,
             timeout=timeout or DEFAULT_TIMEOUT,
@@ -136,6 +164,7 @@ class ServerHandle:
             batched=batched,
             prefix_reuse=prefix_reuse,
             device=device,
+            adapters=dict(adapters or {}),
         )
         threading.Thread(
             target=self._load, args=(model_dir, engine_options), name="genai-load", daemon=True

@@ -4,8 +4,9 @@ streaming.
 Nothing here touches the model: requests are parsed (``protocol``), turned into token ids on a
 worker thread (a chat template and a tokenizer over a 1 MiB prompt take a while, and /health
 must not wait for them), and handed to the engine thread as ``Job``s; results come back as
-events on an asyncio queue. Prompts and generated text are never logged (only sizes, timings
-and unknown field names), nor are the messages of unexpected exceptions, which may quote them.
+events on an asyncio queue. Prompts and generated text are never logged: one access line per
+request (``access_log``) says method, path, status, token counts, time and the names of ignored
+fields; the messages of unexpected exceptions, which may quote a prompt, are not logged either.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from starlette.routing import Route
 
 from ..decoding.picker import TokenPicker
 from ..errors import GenaiRuntimeError
+from .access_log import AccessLog, note_ignored, note_usage
 from .engine import Job, ServerEngine
 from .protocol import RESPONSE_FORMATS, APIError, ParsedRequest, bad, parse_chat, parse_completion
 from .transcriptions import DEFAULT_MAX_AUDIO_BYTES, transcription_route
@@ -105,13 +107,15 @@ def create_app(state: ServerState) -> Starlette:
 
     async def models(request: Request) -> Response:
         authorize(request)
-        return JSONResponse({"object": "list", "data": [_model_card(state)]})
+        cards = [_model_card(state, name) for name in _served_names(state)]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def model_info(request: Request) -> Response:
         authorize(request)
-        if request.path_params["name"] != state.served_name:
-            raise _no_model(request.path_params["name"], state.served_name)
-        return JSONResponse(_model_card(state))
+        name = request.path_params["name"]
+        if name not in _served_names(state):
+            raise _no_model(name, state)
+        return JSONResponse(_model_card(state, name))
 
     async def metrics(request: Request) -> Response:
         authorize(request)
@@ -120,17 +124,20 @@ def create_app(state: ServerState) -> Starlette:
     async def chat(request: Request) -> Response:
         authorize(request)
         parsed = parse_chat(await _read_json(request, state))
-        eng = _checked(state, parsed, engine())
+        eng, adapter = _checked(state, parsed, engine())
+        note_ignored(request.scope, parsed.unknown)
         literal = not state.special_tokens_in_messages
         ids, picker = await _off_loop(state, _chat_prompt, eng, parsed, literal)
-        return await _respond(request, state, eng, parsed, ids, picker, chat=True)
+        return await _respond(request, state, eng, parsed, ids, picker, chat=True, adapter=adapter)
 
     async def completions(request: Request) -> Response:
         authorize(request)
         parsed = parse_completion(await _read_json(request, state))
-        eng = _checked(state, parsed, engine())
+        eng, adapter = _checked(state, parsed, engine())
+        note_ignored(request.scope, parsed.unknown)
         ids = await _off_loop(state, _completion_prompt, eng, parsed)
-        return await _respond(request, state, eng, parsed, ids, _picker(eng, parsed), chat=False)
+        picker = _picker(eng, parsed)
+        return await _respond(request, state, eng, parsed, ids, picker, chat=False, adapter=adapter)
 
     async def api_error(request: Request, exc: APIError) -> Response:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -151,7 +158,8 @@ def create_app(state: ServerState) -> Starlette:
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(_Contained)],
+        # The access log outside: it records the 500 _Contained answers for a failed request.
+        middleware=[Middleware(AccessLog), Middleware(_Contained)],
         exception_handlers={APIError: api_error, HTTPException: http_error},
     )
 
@@ -185,34 +193,41 @@ class _Contained:
                 await JSONResponse(err.body(), status_code=500)(scope, receive, send)
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {
-        "id": state.served_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "genai_runtime",
-    }
+def _served_names(state: ServerState) -> list[str]:
+    """The base model's name, then ``name:adapter`` for each LoRA adapter loaded."""
+    adapters = state.engine.adapters if state.engine is not None else None
+    names = adapters.names() if adapters is not None else []
+    return [state.served_name, *(f"{state.served_name}:{a}" for a in names)]
 
 
-def _no_model(name: str, served: str) -> APIError:
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    card = {"id": name, "object": "model", "created": state.created, "owned_by": "genai_runtime"}
+    if name != state.served_name:
+        card["parent"] = state.served_name  # a LoRA adapter over the base model
+    return card
+
+
+def _no_model(name: str, state: ServerState) -> APIError:
     shown = name if len(name) <= 64 else name[:61] + "..."
+    served = ", ".join(repr(n) for n in _served_names(state)[:8])
     return APIError(
         404,
-        f"the model {shown!r} is not served here (served: {served!r})",
+        f"the model {shown!r} is not served here (served: {served})",
         type="invalid_request_error",
         param="model",
         code="model_not_found",
     )
 
 
-def _checked(state: ServerState, parsed: ParsedRequest, eng: ServerEngine) -> ServerEngine:
-    # The model field is a served name, compared as a string: never opened as a path.
-    if parsed.model != state.served_name:
-        raise _no_model(parsed.model, state.served_name)
-    if parsed.unknown:
-        names = ", ".join(ascii(name)[1:-1][:40] for name in parsed.unknown[:20])
-        log.info("ignored unknown request fields: %s", names)
-    return eng
+def _checked(
+    state: ServerState, parsed: ParsedRequest, eng: ServerEngine
+) -> tuple[ServerEngine, str | None]:
+    """The engine and the LoRA adapter the request's model names (``base:adapter``, None for
+    the base). The model field is a served name, compared as a string: never opened as a path."""
+    if parsed.model not in _served_names(state):
+        raise _no_model(parsed.model, state)
+    adapter = parsed.model[len(state.served_name) + 1 :] or None
+    return eng, adapter
 
 
 async def _off_loop(state: ServerState, fn: Callable, *args: Any) -> Any:
@@ -295,6 +310,7 @@ async def _respond(
     picker: TokenPicker,
     *,
     chat: bool,
+    adapter: str | None = None,
 ) -> Response:
     s = parsed.sampling
     room = eng.context - len(ids)
@@ -316,10 +332,11 @@ async def _respond(
         loop=loop,
         events=asyncio.Queue(),
         picker=picker,
+        adapter=adapter,
     )
     eng.submit(job)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    log.info("%s: %d prompt tokens, max_tokens %d", rid, len(ids), max_tokens)
+    log.debug("%s: %d prompt tokens, max_tokens %d", rid, len(ids), max_tokens)
     shape = _Shape(rid, parsed.model, int(time.time()), chat, eng)
     if parsed.stream:
         return StreamingResponse(
@@ -340,6 +357,7 @@ async def _respond(
             elif event[0] == "gone":
                 return Response(status_code=499)
             else:
+                note_usage(request.scope, event[2])
                 return JSONResponse(shape.final("".join(text), entries, event[1], event[2]))
     finally:
         watcher.cancel()
@@ -373,6 +391,7 @@ async def _sse(
             elif event[0] == "gone":
                 return
             else:
+                note_usage(request.scope, event[2])
                 yield _frame(shape.chunk(finish=event[1], usage=include_usage))
                 if include_usage:
                     yield _frame(shape.usage_chunk(event[2]))

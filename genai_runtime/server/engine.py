@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..adapters import Adapters
 from ..batching.core import DecodeCore, Row, TokenHistory
 from ..batching.stops import StopMatcher, pending_stop_prefix
 from ..decoding.picker import TokenPicker
@@ -48,6 +49,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     picker: TokenPicker
+    adapter: str | None = None  # a LoRA adapter of the engine's, by name
     cancelled: bool = False
     submitted: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -93,13 +95,17 @@ class ServerEngine:
         max_context: int | None = None,
         batched: bool | None = None,
         prefix_reuse: bool = True,
+        adapters: Adapters | None = None,
     ):
         self.model = model
+        self.adapters = adapters
         self.prefix_reuse = prefix_reuse
         self.tokenizer = tokenizer
         self.max_queued = max_queued
         self.context = min(model.spec.generation.max_length, max_context or 1 << 62)
-        self.core = DecodeCore(model, num_slots=max_active, context=self.context, batched=batched)
+        self.core = DecodeCore(
+            model, num_slots=max_active, context=self.context, batched=batched, adapters=adapters
+        )
         self.slots = self.core.slots
         self.eos = self.core.eos
         self.stats = Stats()
@@ -107,6 +113,7 @@ class ServerEngine:
         self._waiting: deque[Job] = deque()
         self._active: dict[int, Job] = {}
         self._held: list[np.ndarray] = [np.zeros(0, np.int64)] * max_active  # per slot
+        self._held_adapter: list[str | None] = [None] * max_active  # what computed _held
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._stop = False
@@ -235,16 +242,19 @@ class ServerEngine:
                 if not free or not self._waiting:
                     return
                 job = self._waiting.popleft()
-            slot, common = self._pick_slot(free, job.prompt)
+            slot, common = self._pick_slot(free, job.prompt, job.adapter)
             job.reused = common
             rng = make_rng(-1 if job.sampling.seed is None else job.sampling.seed % 2**63)
-            job.row = Row(TokenHistory(job.prompt), job.picker, rng, processed=common)
+            job.row = Row(
+                TokenHistory(job.prompt), job.picker, rng, adapter=job.adapter, processed=common
+            )
             self.core.place(job.row, slot)
             job.stream = self.tokenizer.create_stream()
             job.stops = StopMatcher(job.sampling.stop)
             with self._lock:
                 self._active[slot] = job
             self._held[slot] = job.prompt[:common]
+            self._held_adapter[slot] = job.adapter
             try:
                 self.core.advance([job.row])
             except Exception as exc:
@@ -256,14 +266,18 @@ class ServerEngine:
             self.stats.prompt_tokens += len(job.prompt)
             self.stats.reused_tokens += common
 
-    def _pick_slot(self, free: list[int], prompt: np.ndarray) -> tuple[int, int]:
-        """The free slot sharing the longest prefix with ``prompt``. At least two tokens are
-        always prefilled: int4 kernels round a one-row pass differently, and the logits must not
-        depend on how much of the prompt was cached."""
+    def _pick_slot(
+        self, free: list[int], prompt: np.ndarray, adapter: str | None = None
+    ) -> tuple[int, int]:
+        """The free slot sharing the longest prefix with ``prompt`` (cached under the same
+        adapter). At least two tokens are always prefilled: int4 kernels round a one-row pass
+        differently, and the logits must not depend on how much of the prompt was cached."""
         best, best_common = free[0], -1
         if not self.prefix_reuse:
             return best, 0
         for slot in free:
+            if self._held_adapter[slot] != adapter:
+                continue
             held = self._held[slot]
             n = max(0, min(len(held), len(prompt) - 2))
             differ = np.flatnonzero(held[:n] != prompt[:n])
