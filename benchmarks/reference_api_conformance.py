@@ -12,7 +12,10 @@ Each side runs in its own pytest process: "reference" imports the installed
 tests whose outcome differs; ``--json`` writes every test's outcome.
 
     python benchmarks/reference_api_conformance.py [--source URL_OR_GIT_DIR] [--rev SHA]
-        [--sides genai_runtime,reference] [--json OUT] [-k EXPR]
+        [--sides genai_runtime,reference] [--json OUT] [-k EXPR] [--test-file PATH]
+
+``--test-file`` runs another file of the reference's ``test/python`` the same way, e.g.
+``test/python/test_onnxruntime_genai_engine.py`` (its engine tests).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def git_dir_for(source: str, rev: str, work: Path) -> Path:
     return clone
 
 
-def extract(git_dir: Path, rev: str, dest: Path) -> list[str]:
+def extract(git_dir: Path, rev: str, dest: Path, test_file: str = TEST_FILE) -> list[str]:
     """Write PATHS at ``rev`` under ``dest``; return the files whose blobs the source lacks."""
     listing = _git("--git-dir", str(git_dir), "ls-tree", "-r", "-z", rev, "--", *PATHS)
     entries = []
@@ -84,8 +87,8 @@ def extract(git_dir: Path, rev: str, dest: Path) -> list[str]:
         mode, kind, sha = meta.split()
         if kind == b"blob" and mode != b"120000":
             entries.append((sha.decode(), path.decode()))
-    if not any(path == TEST_FILE for _, path in entries):
-        raise SourceUnavailable(f"{TEST_FILE} is not in revision {rev}")
+    if not any(path == test_file for _, path in entries):
+        raise SourceUnavailable(f"{test_file} is not in revision {rev}")
     missing = []
     for sha, path in entries:
         target = dest / path
@@ -103,7 +106,9 @@ def extract(git_dir: Path, rev: str, dest: Path) -> list[str]:
     return missing
 
 
-def run_side(side: str, checkout: Path, work: Path, select: str | None) -> dict[str, str]:
+def run_side(
+    side: str, checkout: Path, work: Path, select: str | None, test_file: str = TEST_FILE
+) -> dict[str, str]:
     """Run the test file for one side; return {test id: passed|skipped|failed}."""
     report = work / f"{side}.xml"
     cmd = [
@@ -120,7 +125,7 @@ def run_side(side: str, checkout: Path, work: Path, select: str | None) -> dict[
         cmd += ["-p", "genai_runtime_as_og"]
     if select:
         cmd += ["-k", select]
-    cmd.append(str(checkout / TEST_FILE))
+    cmd.append(str(checkout / test_file))
     subprocess.run(cmd, cwd=checkout / "test" / "python", env=env, check=False)
     if not report.exists():
         raise SystemExit(f"{side}: pytest wrote no report")
@@ -155,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--json", help="write every test's outcome per side here")
     parser.add_argument("-k", dest="select", help="pytest -k expression")
+    parser.add_argument("--test-file", default=TEST_FILE, help="a test file of the reference's")
     parser.add_argument(
         "--require", action="store_true", help="fail when the source is unreachable"
     )
@@ -167,14 +173,16 @@ def main(argv: list[str] | None = None) -> int:
         checkout = work / "checkout"
         try:
             git_dir = git_dir_for(args.source, args.rev, work)
-            missing = extract(git_dir, args.rev, checkout)
+            missing = extract(git_dir, args.rev, checkout, args.test_file)
         except (SourceUnavailable, OSError, subprocess.TimeoutExpired) as exc:
-            print(f"skipped: cannot read {TEST_FILE} at {args.rev} from {args.source}: {exc}")
+            print(f"skipped: cannot read {args.test_file} at {args.rev} from {args.source}: {exc}")
             return 1 if args.require else 0
-        print(f"{TEST_FILE} @ {args.rev[:12]} from {args.source}")
+        print(f"{args.test_file} @ {args.rev[:12]} from {args.source}")
         if missing:
             print(f"blobs missing from the source (left out): {', '.join(missing)}")
-        results = {side: run_side(side, checkout, work, args.select) for side in sides}
+        results = {
+            side: run_side(side, checkout, work, args.select, args.test_file) for side in sides
+        }
     print()
     width = max(len(s) for s in sides)
     for side in sides:
