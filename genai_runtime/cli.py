@@ -209,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap on prompt + max_tokens (default 2048)")  # fmt: skip
     p.add_argument("--timeout", type=float, metavar="S", help="per-request timeout (default 600)")
     p.add_argument("--interleave", action="store_true", help="no batched decode")
+    p.add_argument("--ray", action="store_true",
+                   help="run as a Ray Serve deployment (needs the ray extra)")  # fmt: skip
+    p.add_argument("--replicas", type=_positive_int, metavar="N",
+                   help="with --ray: replicas, one model each (default 1)")  # fmt: skip
+    p.add_argument("--threads", type=_positive_int, metavar="N",
+                   help="with --ray: threads (and CPUs) per replica (default 1)")  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
     from .importer.commands import add_parsers  # import / pull (GGUF -> model folder)
@@ -586,6 +592,19 @@ def _bench_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.ray:
+        from .integrations.ray.serve import serve_until_interrupted
+
+        serve_until_interrupted(
+            args.model_dir, replicas=args.replicas or 1, threads=args.threads or 1,
+            host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
+            served_name=args.served_name, max_queued=args.max_queued,
+            max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
+            batched=False if args.interleave else None,
+        )  # fmt: skip
+        return 0
+    if args.replicas is not None or args.threads is not None:
+        raise GenaiRuntimeError("--replicas and --threads are for --ray")
     from .server import serve
 
     serve(
