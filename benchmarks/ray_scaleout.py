@@ -5,17 +5,21 @@ re-runs itself in one (``unshare``; HOME and Ray's temp folder in a fresh temp f
     python benchmarks/ray_scaleout.py [MODEL_DIR] [--part parity|throughput|kill|all]
         [--clients 8] [--seconds 60] [--json OUT]
 
-parity      16 concurrent greedy requests (chat and completions, streamed and not) to 2 Serve
-            replicas and to one in-process server (the same ``OpenAIServer`` class on uvicorn,
-            1 thread, as each replica): every reply must be equal. Then 32 prompts (+ one over
-            the context) through ``map_batches`` with 2 actors and batches of 8, against the local
-            ``Generator`` (batch_size 8, right-padded; and batch_size 1, for the int4 note).
+parity      16 concurrent greedy requests (chat and completions, streamed and not) to one
+            server process (the ``OpenAIServer`` replica class on uvicorn, 1 thread) and to
+            ``genai-runtime serve --ray --replicas 2 --threads 1``: every reply must be equal.
+            Ray Data's HTTP processor (README's zero-code path) against the first server. Then
+            32 prompts (+ one over the context) through ``map_batches`` with 2 actors and
+            batches of 8, against the local ``Generator`` (batch_size 8, right-padded; and
+            batch_size 1, for the int4 note).
 throughput  N clients for S seconds of streamed chat (temperature 0.7, per-request seeds,
-            max_tokens 32): one server process with 2 threads (max_active = N), then
-            ``genai-runtime serve --ray --replicas 2 --threads 1`` (max_active N/2 each), then
-            one replica with 1 thread (max_active N/2): requests/s, tokens/s, p50/p99 time to
-            first token. Then ``map_batches`` (2 actors x 1 thread, batch 8) against a local
-            batched loop (2 threads) over the same 32 prompts.
+            max_tokens 32): one server process with 2 threads (max_active = N);
+            ``genai-runtime serve --ray --replicas 2 --threads 1`` (max_active N/2 each); and
+            for S/2 seconds one replica with 1 thread, and the same without Ray (max_active
+            N/2): requests/s, tokens/s, p50/p99 time to first token, setups alternated over
+            ``--rounds``, medians. Then ``map_batches`` (2 actors x 1 thread, batch 8, Ray and
+            model start included) against local batched loops over the same 32 prompts: our
+            ``Generator`` (batch 8, 2 threads) and the batch runner (2 threads, and 1 thread).
 kill        ``genai-runtime serve --ray --replicas 2``; N clients send greedy requests; after 8 s
             one replica's actor is killed. Reports every request's outcome, one client-side
             retry per failure, requests lost, and when the deployment was whole again.
@@ -244,6 +248,34 @@ def map_batches(ray, model_dir: str, max_tokens: int, extra: list[dict] | None =
     return rows, time.perf_counter() - start
 
 
+def http_processor(ray, name: str, topics: list[str]) -> list[str]:
+    """README's zero-code snippet, pointed at the server on ``PORT``."""
+    from ray.data.llm import HttpRequestProcessorConfig, build_processor
+
+    config = HttpRequestProcessorConfig(
+        url=f"http://127.0.0.1:{PORT}/v1/chat/completions", concurrency=1
+    )
+    processor = build_processor(
+        config,
+        preprocess=lambda row: {
+            "payload": {
+                "model": name,
+                "messages": [{"role": "user", "content": row["prompt"]}],
+                "temperature": 0,
+                "max_tokens": 32,
+            }
+        },
+        postprocess=lambda row: {
+            "prompt": row["prompt"],
+            "answer": row["http_response"]["choices"][0]["message"]["content"],
+        },
+    )
+    prompts = [f"Write one sentence about {t}." for t in topics]
+    rows = processor(ray.data.from_items([{"prompt": p} for p in prompts])).take_all()
+    by_prompt = {r["prompt"]: r["answer"] for r in rows}
+    return [by_prompt[p] for p in prompts]
+
+
 # -- parts --------------------------------------------------------------------------------------
 
 
@@ -256,9 +288,19 @@ def part_parity(model_dir: str, home: Path) -> dict[str, Any]:
     name = Path(model_dir).resolve().name
     out: dict[str, Any] = {}
     proc = start_server(local_cmd(model_dir, 1, 4), home / "local.log")
-    with ThreadPoolExecutor(16) as pool:
-        local = list(pool.map(lambda i: greedy_request(name, i), range(16)))
-    stop_server(proc)
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            local = list(pool.map(lambda i: greedy_request(name, i), range(16)))
+        # The zero-code path: Ray Data's HTTP processor against the same server, the same
+        # chat requests as the non-streamed chat ones above (0, 4, 8, 12).
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            answers = http_processor(ray, name, [TOPICS[i] for i in (0, 4, 8, 12)])
+        finally:
+            ray.shutdown()
+    finally:
+        stop_server(proc)
+    out["http_processor_equal"] = sum(a == local[i][0] for a, i in zip(answers, (0, 4, 8, 12)))
     proc = start_server(ray_cmd(model_dir, 2, 1, 4), home / "serve.log")
     with ThreadPoolExecutor(16) as pool:
         replicas = list(pool.map(lambda i: greedy_request(name, i), range(16)))
@@ -288,7 +330,9 @@ def part_parity(model_dir: str, home: Path) -> dict[str, Any]:
     return out
 
 
-def part_throughput(model_dir: str, home: Path, clients: int, seconds: float) -> dict[str, Any]:
+def part_throughput(
+    model_dir: str, home: Path, clients: int, seconds: float, rounds: int
+) -> dict[str, Any]:
     import ray
 
     import genai_runtime as og
@@ -296,42 +340,67 @@ def part_throughput(model_dir: str, home: Path, clients: int, seconds: float) ->
     from genai_runtime.integrations.loading import load_model
 
     name = Path(model_dir).resolve().name
-    out: dict[str, Any] = {}
-    setups = [
-        ("1 process x 2 threads", local_cmd(model_dir, 2, clients), seconds),
-        ("2 replicas x 1 thread", ray_cmd(model_dir, 2, 1, max(1, clients // 2)), seconds),
-        ("1 replica x 1 thread", ray_cmd(model_dir, 1, 1, max(1, clients // 2)), seconds / 2),
-    ]
-    for label, cmd, length in setups:
-        proc = start_server(cmd, home / "throughput.log")
-        try:
-            out[label] = load(name, clients, length)
-        finally:
-            stop_server(proc)
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        rows, wall = map_batches(ray, model_dir, 32)
-    finally:
-        ray.shutdown()
-    tokens = sum(int(r["num_tokens"]) for r in rows)
-    out["map_batches"] = {"tokens": tokens, "seconds": round(wall, 2),
-                          "tokens_per_s": round(tokens / wall, 2)}  # fmt: skip
-    start = time.perf_counter()
-    model = load_model(model_dir, threads=2)
-    loaded = time.perf_counter()
-    prompts = chat_prompts(og.Tokenizer(model))
-    generator_greedy(model, prompts, 8, 32)
-    done = time.perf_counter()
-    runner = BatchRunner(model, og.Tokenizer(model), rows=8)
-    runner.run(prompts, [RowSettings(max_tokens=32)] * len(prompts))
-    ran = time.perf_counter()
-    out["local_generator_batch8"] = {
-        "seconds_with_load": round(done - start, 2),
-        "tokens_per_s_with_load": round(tokens / (done - start), 2),
-        "tokens_per_s": round(tokens / (done - loaded), 2),
+    half = max(1, clients // 2)
+    setups = {
+        "1 process x 2 threads": (local_cmd(model_dir, 2, clients), seconds),
+        "2 replicas x 1 thread": (ray_cmd(model_dir, 2, 1, half), seconds),
+        "1 replica x 1 thread": (ray_cmd(model_dir, 1, 1, half), seconds / 2),
+        # The same replica without Ray: what Serve's proxy costs per replica.
+        "1 process x 1 thread": (local_cmd(model_dir, 1, half), seconds / 2),
     }
-    out["local_batch_runner"] = {"tokens_per_s": round(tokens / (ran - done), 2)}
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in setups}
+    order = list(setups)
+    for r in range(rounds):  # setups alternate, a different one first each round
+        for label in order[r % len(order) :] + order[: r % len(order)]:
+            cmd, length = setups[label]
+            proc = start_server(cmd, home / "throughput.log")
+            try:
+                result = load(name, clients, length)
+            finally:
+                stop_server(proc)
+            result["loadavg_1min_after"] = round(os.getloadavg()[0], 2)
+            runs[label].append(result)
+    out: dict[str, Any] = {"rounds": rounds, "per_round": runs}
+    for label, results in runs.items():
+        out[label] = {
+            key: statistics.median(x[key] for x in results)
+            for key in ("requests_per_s", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "failed")
+        }
+
+    kinds = ("map_batches", "local_generator_batch8", "local_generator_with_load",
+             "local_batch_runner", "local_batch_runner_1_thread")  # fmt: skip
+    batch_runs: dict[str, list[float]] = {kind: [] for kind in kinds}
+    tokens = 0
+    for _ in range(rounds):
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            rows, wall = map_batches(ray, model_dir, 32)
+        finally:
+            ray.shutdown()
+        tokens = sum(int(r["num_tokens"]) for r in rows)
+        batch_runs["map_batches"].append(tokens / wall)
+        start = time.perf_counter()
+        model = load_model(model_dir, threads=2)
+        loaded = time.perf_counter()
+        prompts = chat_prompts(og.Tokenizer(model))
+        generator_greedy(model, prompts, 8, 32)
+        done = time.perf_counter()
+        runner = BatchRunner(model, og.Tokenizer(model), rows=8)
+        runner.run(prompts, [RowSettings(max_tokens=32)] * len(prompts))
+        ran = time.perf_counter()
+        batch_runs["local_generator_with_load"].append(tokens / (done - start))
+        batch_runs["local_generator_batch8"].append(tokens / (done - loaded))
+        batch_runs["local_batch_runner"].append(tokens / (ran - done))
+        model = load_model(model_dir, threads=1)
+        runner = BatchRunner(model, og.Tokenizer(model), rows=8)
+        start = time.perf_counter()
+        runner.run(prompts, [RowSettings(max_tokens=32)] * len(prompts))
+        batch_runs["local_batch_runner_1_thread"].append(tokens / (time.perf_counter() - start))
+    out["batch_tokens"] = tokens
+    out["batch_tokens_per_s"] = {
+        k: {"median": round(statistics.median(v), 2), "runs": [round(x, 2) for x in v]}
+        for k, v in batch_runs.items()
+    }
     return out
 
 
@@ -380,13 +449,20 @@ def part_kill(model_dir: str, home: Path, clients: int) -> dict[str, Any]:
     )  # fmt: skip
     killed_at = time.perf_counter() - t0
     ray.kill(ray.get_actor(replicas[0], namespace="serve"), no_restart=True)
-    whole_at = None
+    # Serve's status lags the death: "noticed" is the first poll with fewer than 2 running
+    # replicas, "whole again" the first one after it with 2 running and the dead one gone.
+    noticed_at = whole_at = None
     while time.perf_counter() < stop_at:
         deployment = serve.status().applications[APP_NAME].deployments["OpenAIServer"]
         running = deployment.replica_states.get("RUNNING", 0)
-        if whole_at is None and time.perf_counter() - t0 > killed_at + 1 and running == 2:
-            whole_at = time.perf_counter() - t0
-        time.sleep(0.25)
+        now = time.perf_counter() - t0
+        if noticed_at is None and running < 2:
+            noticed_at = now
+        elif noticed_at is not None and whole_at is None and running == 2:
+            names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+            if replicas[0] not in names:
+                whole_at = now
+        time.sleep(0.1)
     for t in threads:
         t.join()
     after = sorted(
@@ -402,6 +478,7 @@ def part_kill(model_dir: str, home: Path, clients: int) -> dict[str, Any]:
         "replicas_after": len(after),
         "replaced": replicas[0] not in after,
         "killed_at_s": round(killed_at, 2),
+        "serve_noticed_at_s": noticed_at and round(noticed_at, 2),
         "whole_again_at_s": whole_at and round(whole_at, 2),
         "requests": len(records),
         "failed_first_try": len(failed),
@@ -409,7 +486,7 @@ def part_kill(model_dir: str, home: Path, clients: int) -> dict[str, Any]:
         "recovered_by_retry": sum(r["retry"] == "ok" for r in failed),
         "lost": sum(r["retry"] not in ("ok", "not needed") for r in records),
         "failed_after_recovery": sum(1 for r in failed if whole_at and r["start"] > whole_at),
-        "errors": sorted({r["error"] for r in failed}),
+        "errors": {e: sum(r["error"] == e for r in failed) for e in {r["error"] for r in failed}},
         "serve_exit": exit_code,
     }
 
@@ -423,6 +500,7 @@ def main() -> None:
     ap.add_argument("--part", choices=["parity", "throughput", "kill", "all"], default="all")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--rounds", type=int, default=2, help="throughput rounds, setups alternated")
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--serve-local", type=int, metavar="THREADS", help=argparse.SUPPRESS)
     ap.add_argument("--max-active", type=int, default=4, help=argparse.SUPPRESS)
@@ -448,7 +526,9 @@ def main() -> None:
         if part == "parity":
             report[part] = part_parity(args.model_dir, home)
         elif part == "throughput":
-            report[part] = part_throughput(args.model_dir, home, args.clients, args.seconds)
+            report[part] = part_throughput(
+                args.model_dir, home, args.clients, args.seconds, args.rounds
+            )
         else:
             report[part] = part_kill(args.model_dir, home, args.clients)
         print(f"== {part} ({time.perf_counter() - start:.0f} s)")

@@ -100,10 +100,12 @@ def build_deployment(
     ``server_options`` are ``OpenAIServer``'s; ``deployment_options`` go to
     ``serve.deployment`` as they are. Builds the objects only: nothing starts Ray."""
     serve = require_ray("ray.serve")
-    try:
-        inspect.signature(OpenAIServer).bind(str(model_dir), threads=threads, **server_options)
+    try:  # a misspelt option fails here, not on every replica
+        bound = inspect.signature(OpenAIServer).bind(str(model_dir), threads=threads,
+                                                     **server_options)  # fmt: skip
     except TypeError as exc:
         raise GenaiRuntimeError(f"build_deployment: {exc}") from None
+    bound.apply_defaults()
     options: dict[str, Any] = dict(deployment_options or {})
     options["ray_actor_options"] = {"num_cpus": threads, **(ray_actor_options or {})}
     if autoscaling_config is not None:
@@ -111,8 +113,8 @@ def build_deployment(
     else:
         options["num_replicas"] = num_replicas
     # Serve sends a replica at most what its engine admits: the active rows plus the queue.
-    active = server_options.get("max_active", 4)
-    options.setdefault("max_ongoing_requests", active + server_options.get("max_queued", 16))
+    admitted = bound.arguments["max_active"] + bound.arguments["max_queued"]
+    options.setdefault("max_ongoing_requests", admitted)
     replica = serve.deployment(serve.ingress()(OpenAIServer), name=name, **options)
     # One creation time for every replica, so /v1/models answers the same from each.
     server_options.setdefault("created", int(time.time()))
@@ -171,8 +173,8 @@ def serve_until_interrupted(
     try:
         url = deploy(app, host=host, port=port)
         name = server_options.get("served_name") or Path(model_dir).resolve().name
-        print(f"serving {name!r} on {url}/v1 ({replicas} Ray Serve replicas, {threads} "
-              "threads each)", flush=True)  # fmt: skip
+        shape = f"Ray Serve replicas: {replicas}, threads per replica: {threads}"
+        print(f"serving {name!r} on {url}/v1 ({shape})", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
