@@ -107,6 +107,39 @@ def ray_cmd(model_dir: str, replicas: int, threads: int, max_active: int) -> lis
             "--max-active", str(max_active), "--max-queued", "64"]  # fmt: skip
 
 
+# -- CPU accounting -----------------------------------------------------------------------------
+
+TICK = os.sysconf("SC_CLK_TCK")
+WORKERS = ("ServeReplica", "MapWorker", "--serve-local")  # processes that run the model
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds used so far by the other processes of this PID namespace (the script runs in
+    its own), split into model workers and the rest (Ray's proxy, controller, raylet, GCS...).
+    The machine is shared: tokens per CPU-second do not depend on how much of it we got."""
+    out = {"workers": 0.0, "ray and proxies": 0.0, "exited children": 0.0}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # fields from the 3rd (state) on
+        seconds = (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+        role = "workers" if any(w in cmd for w in WORKERS) else "ray and proxies"
+        out[role] += seconds
+        # Children that ended (Ray Data's actors once the dataset is done) count to their parent.
+        out["exited children"] += (int(fields[13]) + int(fields[14])) / TICK
+    return out
+
+
+def cpu_since(before: dict[str, float]) -> dict[str, float]:
+    now = cpu_by_role()
+    return {role: round(now[role] - before.get(role, 0.0), 1) for role in now}
+
+
 # -- clients ------------------------------------------------------------------------------------
 
 
@@ -165,6 +198,7 @@ def load(name: str, clients: int, seconds: float) -> dict[str, Any]:
     tokens = [0]
     failures: list[str] = []
     lock = threading.Lock()
+    cpu_before, client_before = cpu_by_role(), time.process_time()
     stop_at = time.perf_counter() + seconds
 
     def worker(k: int) -> None:
@@ -187,8 +221,13 @@ def load(name: str, clients: int, seconds: float) -> dict[str, Any]:
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
+    cpu = cpu_since(cpu_before)
     q = statistics.quantiles(ttfts, n=100) if len(ttfts) > 1 else ttfts * 99
     return {
+        "cpu_s": cpu,
+        "client_cpu_s": round(time.process_time() - client_before, 1),
+        "tokens_per_worker_cpu_s": round(tokens[0] / max(cpu["workers"], 1e-9), 2),
+        "tokens_per_server_cpu_s": round(tokens[0] / max(sum(cpu.values()), 1e-9), 2),
         "requests": len(ttfts),
         "failed": len(failures),
         "seconds": round(elapsed, 1),
@@ -361,42 +400,53 @@ def part_throughput(
             result["loadavg_1min_after"] = round(os.getloadavg()[0], 2)
             runs[label].append(result)
     out: dict[str, Any] = {"rounds": rounds, "per_round": runs}
+    keys = ("requests_per_s", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "failed",
+            "tokens_per_worker_cpu_s", "tokens_per_server_cpu_s")  # fmt: skip
     for label, results in runs.items():
-        out[label] = {
-            key: statistics.median(x[key] for x in results)
-            for key in ("requests_per_s", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "failed")
-        }
+        out[label] = {key: statistics.median(x[key] for x in results) for key in keys}
 
     kinds = ("map_batches", "local_generator_batch8", "local_generator_with_load",
              "local_batch_runner", "local_batch_runner_1_thread")  # fmt: skip
     batch_runs: dict[str, list[float]] = {kind: [] for kind in kinds}
+    cpu_runs: dict[str, list[float]] = {kind: [] for kind in kinds}
     tokens = 0
     for _ in range(rounds):
+        cpu_before = cpu_by_role()
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
             rows, wall = map_batches(ray, model_dir, 32)
+            cpu = cpu_since(cpu_before)  # before shutdown ends the processes
         finally:
             ray.shutdown()
         tokens = sum(int(r["num_tokens"]) for r in rows)
         batch_runs["map_batches"].append(tokens / wall)
-        start = time.perf_counter()
+        cpu_runs["map_batches"].append(tokens / sum(cpu.values()))  # all of Ray, loads included
+        start, cpu0 = time.perf_counter(), time.process_time()
         model = load_model(model_dir, threads=2)
-        loaded = time.perf_counter()
+        loaded, cpu1 = time.perf_counter(), time.process_time()
         prompts = chat_prompts(og.Tokenizer(model))
         generator_greedy(model, prompts, 8, 32)
-        done = time.perf_counter()
+        done, cpu2 = time.perf_counter(), time.process_time()
         runner = BatchRunner(model, og.Tokenizer(model), rows=8)
         runner.run(prompts, [RowSettings(max_tokens=32)] * len(prompts))
-        ran = time.perf_counter()
+        ran, cpu3 = time.perf_counter(), time.process_time()
         batch_runs["local_generator_with_load"].append(tokens / (done - start))
+        cpu_runs["local_generator_with_load"].append(tokens / (cpu2 - cpu0))
         batch_runs["local_generator_batch8"].append(tokens / (done - loaded))
+        cpu_runs["local_generator_batch8"].append(tokens / (cpu2 - cpu1))
         batch_runs["local_batch_runner"].append(tokens / (ran - done))
+        cpu_runs["local_batch_runner"].append(tokens / (cpu3 - cpu2))
         model = load_model(model_dir, threads=1)
         runner = BatchRunner(model, og.Tokenizer(model), rows=8)
-        start = time.perf_counter()
+        start, cpu0 = time.perf_counter(), time.process_time()
         runner.run(prompts, [RowSettings(max_tokens=32)] * len(prompts))
         batch_runs["local_batch_runner_1_thread"].append(tokens / (time.perf_counter() - start))
+        cpu_runs["local_batch_runner_1_thread"].append(tokens / (time.process_time() - cpu0))
     out["batch_tokens"] = tokens
+    out["batch_tokens_per_cpu_s"] = {
+        k: {"median": round(statistics.median(v), 2), "runs": [round(x, 2) for x in v]}
+        for k, v in cpu_runs.items()
+    }
     out["batch_tokens_per_s"] = {
         k: {"median": round(statistics.median(v), 2), "runs": [round(x, 2) for x in v]}
         for k, v in batch_runs.items()

@@ -67,6 +67,8 @@ def test_serve_ray_refusals_come_before_ray_starts(smollm2_dir, capsys):
     assert "--replicas and --threads are for --ray" in capsys.readouterr().err
     assert cli_main(["serve", smollm2_dir, "--ray", "--host", "0.0.0.0"]) == 1
     assert "without an API key" in capsys.readouterr().err
+    assert cli_main(["serve", smollm2_dir + "-missing", "--ray"]) == 1
+    assert "model folder not found" in capsys.readouterr().err
     assert not ray.is_initialized()
 
 

@@ -155,6 +155,8 @@ def serve_until_interrupted(
             f"refusing to serve on non-loopback host {host!r} without an API key; pass "
             "--api-key KEY (or --insecure to accept anyone on the network)"
         )
+    if not Path(model_dir).is_dir():  # replicas would fail one after another, later
+        raise GenaiRuntimeError(f"model folder not found: {model_dir}")
     ray = require_ray()
     serve = require_ray("ray.serve")
     app = build_deployment(
