@@ -26,8 +26,11 @@ def threads_overlay(config: Config, threads: int) -> str:
     return json.dumps({"pipeline": {"sessions": sessions}})
 
 
-def load_model(model_dir: str | Path, *, threads: int | None = None) -> Model:
-    """``Model(model_dir)``, its sessions limited to ``threads`` threads each when given."""
+def load_model(
+    model_dir: str | Path, *, threads: int | None = None, device: str | None = None
+) -> Model:
+    """``Model(model_dir)``, its sessions limited to ``threads`` threads each when given, on
+    ``device`` when given (as ``--device``)."""
     if not Path(model_dir).is_dir():
         raise GenaiRuntimeError(f"model folder not found: {model_dir}")
     config = Config(str(model_dir))
@@ -35,15 +38,23 @@ def load_model(model_dir: str | Path, *, threads: int | None = None) -> Model:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise GenaiRuntimeError(f"threads: expected an integer >= 1, got {shown(threads)}")
         config.overlay(threads_overlay(config, threads))
+    if device:
+        config.use_device(device)
     return Model(config)
 
 
-def start_engine(model_dir: str | Path, *, threads: int | None = None, **engine_options: Any):
+def start_engine(
+    model_dir: str | Path,
+    *,
+    threads: int | None = None,
+    device: str | None = None,
+    **engine_options: Any,
+):
     """Load a model and start the server's engine thread over it."""
     from ..server.engine import Engine
     from ..tokenizer import Tokenizer
 
-    model = load_model(model_dir, threads=threads)
+    model = load_model(model_dir, threads=threads, device=device)
     engine = Engine(model, Tokenizer(model), **engine_options)
     engine.start()
     return engine

@@ -35,7 +35,8 @@ def require_ray(module: str = "ray"):
 class OpenAIServer:
     """One Serve replica of the server (options as for ``genai-runtime serve``; ``threads``:
     onnxruntime threads of this replica's sessions). The engine thread is a daemon that ends
-    with the replica's process; nothing stops it before (the app may outlive this object)."""
+    with the replica's process; nothing stops it before (the app may outlive this object). The
+    HTTP connections are Serve's proxy's: the server's slow-header guard is not in front."""
 
     def __init__(
         self,
@@ -44,28 +45,43 @@ class OpenAIServer:
         served_name: str | None = None,
         api_key: str | None = None,
         threads: int | None = None,
+        device: str | None = None,
         max_active: int = 4,
         max_queued: int = 16,
         max_context: int | None = None,
         max_body: int | None = None,
         timeout: float | None = None,
+        read_timeout: float | None = None,
         batched: bool | None = None,
         prefix_reuse: bool = True,
+        special_tokens_in_messages: bool = False,
         created: int = 0,
     ):
-        from ...server import DEFAULT_MAX_CONTEXT
-        from ...server.app import DEFAULT_MAX_BODY, DEFAULT_TIMEOUT, ServerState
+        from ...server import DEFAULT_MAX_CONTEXT, _check_limits
+        from ...server.app import (
+            DEFAULT_MAX_BODY,
+            DEFAULT_READ_TIMEOUT,
+            DEFAULT_TIMEOUT,
+            ServerState,
+        )
 
+        # The server's own checks, so a replica refuses what `genai-runtime serve` refuses.
+        _check_limits(
+            max_queued=max_queued, max_active=max_active, max_context=max_context,
+            max_body=max_body, timeout=timeout, read_timeout=read_timeout,
+        )  # fmt: skip
         engine = start_engine(
-            model_dir, threads=threads, max_active=max_active, max_queued=max_queued,
-            max_context=max_context or DEFAULT_MAX_CONTEXT, batched=batched,
-            prefix_reuse=prefix_reuse,
+            model_dir, threads=threads, device=device, max_active=max_active,
+            max_queued=max_queued, max_context=max_context or DEFAULT_MAX_CONTEXT,
+            batched=batched, prefix_reuse=prefix_reuse,
         )  # fmt: skip
         self.state = ServerState(
             served_name=served_name or Path(model_dir).resolve().name,
             api_key=api_key or None,
             max_body=max_body or DEFAULT_MAX_BODY,
             timeout=timeout or DEFAULT_TIMEOUT,
+            read_timeout=read_timeout or DEFAULT_READ_TIMEOUT,
+            special_tokens_in_messages=special_tokens_in_messages,
             engine=engine,
             created=created,
         )

@@ -4,267 +4,35 @@ Encoding runs the `tokenizers` library on the model folder's ``tokenizer.json``.
 done here, token by token, because onnxruntime-genai (through onnxruntime-extensions) does not
 use the Hugging Face decoder pipeline: it concatenates per-token byte strings and then applies
 its own UTF-8 policy. Reproducing that keeps ``decode`` and the stream identical to the
-reference, quirks included (see ``_finish_text`` and ``TokenizerStream.decode``).
+reference, quirks included (see ``utf8.finish_text`` and ``TokenizerStream.decode``).
 
-Chat templates are rendered with jinja2 in a sandbox, configured like Hugging Face transformers.
+Chat templates are rendered by ``templates.ChatTemplates``.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
+import threading
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .config.bounded import TOKENIZER_LIMITS, LimitError, clip_text, load_json, read_bounded
-from .errors import TokenizerError
+from ..config.bounded import LimitError, clip_text
+from ..errors import GenaiRuntimeError, TokenizerError
+from .files import added_tokens, parse_bool_option, read_json, token_text, tokenizer_meta
+from .templates import ChatTemplates, json_arg, locate_contents
+from .utf8 import SPM_SPACE, UTF8_LEN, byte_level_bytes, finish_text, is_one_valid_char
 
 __all__ = ["Tokenizer", "TokenizerStream"]
 
-_SPM_SPACE = "\u2581"  # sentencepiece's "▁", stands for a space in pieces
-_REPLACEMENT = "\ufffd"
 _MAX_TOKENIZER_JSON_BYTES = 1 << 30  # a sanity cap: the largest real ones are ~40 MB
 _OPTION_KEYS = frozenset({"add_special_tokens", "skip_special_tokens"})
 # Tokenizer families that get a BOS by convention when nothing else says so (as the reference).
 _BOS_BY_CLASS = frozenset({"Llama", "Phi3", "InternLM2", "Gemma", "CodeLlama", "Mistral"})
-# Length of a UTF-8 sequence from the high nibble of its first byte (lenient, as the reference).
-_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)
-
-
-def _byte_level_table() -> dict[int, int]:
-    """GPT-2 byte-level alphabet, inverted: code point -> byte, for the remapped bytes only.
-
-    Code points <= 0xFF map to themselves, so only the 68 remapped ones (256..323) need a table.
-    """
-    table: dict[int, int] = {}
-    nxt = 256
-    for b in range(256):
-        if b < 33 or 127 <= b < 161 or b == 173:
-            table[nxt] = b
-            nxt += 1
-    return table
-
-
-_BYTE_LEVEL = _byte_level_table()
-
-
-def _byte_level_bytes(piece: str) -> bytes:
-    """Bytes of a byte-level BPE vocabulary piece (chars outside the alphabet pass as UTF-8)."""
-    mapped = piece.translate(_BYTE_LEVEL)
-    try:
-        return mapped.encode("latin-1")
-    except UnicodeEncodeError:
-        out = bytearray()
-        for ch in mapped:
-            cp = ord(ch)
-            out += bytes((cp,)) if cp <= 0xFF else ch.encode("utf-8")
-        return bytes(out)
-
-
-def _valid_prefix(data: bytes) -> tuple[int, bool]:
-    """Length of the leading run that the reference's UTF-8 validator accepts, and whether it
-    stopped early on bad UTF-8. Like the reference, the scan ends at the first NUL byte and
-    treats U+FFFE / U+FFFF as invalid (Python's codec accepts those two)."""
-    nul = data.find(0)
-    scan = data if nul < 0 else data[:nul]
-    try:
-        text = scan.decode("utf-8")
-        end, bad = len(scan), False
-    except UnicodeDecodeError as exc:
-        end, bad = exc.start, True
-        text = scan[:end].decode("utf-8")
-    if "\ufffe" in text or "\uffff" in text:
-        cut = min(i for i in (text.find("\ufffe"), text.find("\uffff")) if i >= 0)
-        return len(text[:cut].encode("utf-8")), True
-    return end, bad
-
-
-def _finish_text(data: bytes) -> str:
-    """Turn a decoded byte string into text the way the reference does.
-
-    The reference truncates at the first invalid UTF-8 position and appends one U+FFFD (so a
-    sequence cut inside a character decodes to "...\ufffd" and everything after is lost), and
-    its C-string return value ends at the first NUL. One deliberate difference: an empty result
-    stays "" (the reference returns "\ufffd" when every token was skipped, e.g. ``decode([eos])``).
-    """
-    if not data:
-        return ""
-    end, bad = _valid_prefix(data)
-    if bad or end == 0:
-        return data[:end].decode("utf-8") + _REPLACEMENT
-    return data[:end].decode("utf-8")
-
-
-def _is_one_valid_char(chunk: bytes) -> bool:
-    """True when ``chunk`` is exactly one well-formed character the reference would emit."""
-    if chunk[0] == 0:
-        return False
-    try:
-        text = chunk.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return text not in ("\ufffe", "\uffff")
-
-
-def _token_text(value: Any) -> str | None:
-    """A special-token entry of tokenizer_config.json: a string or an AddedToken dict."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
-
-
-def _added_tokens(spec: dict[str, Any], cfg: dict[str, Any]) -> tuple[dict[int, str], set[int]]:
-    """Added tokens (id -> text) and the special ones: tokenizer.json first, then any extra
-    ones tokenizer_config.json's added_tokens_decoder declares (as the reference merges them)."""
-    entries = [
-        (a.get("id"), a.get("content"), a.get("special")) for a in spec.get("added_tokens") or []
-    ]
-    for key, val in (cfg.get("added_tokens_decoder") or {}).items():
-        if isinstance(val, Mapping) and str(key).isdigit():
-            entries.append((int(key), val.get("content"), val.get("special")))
-    added: dict[int, str] = {}
-    special: set[int] = set()
-    for idx, content, is_special in entries:
-        if isinstance(idx, int) and isinstance(content, str) and idx not in added:
-            added[idx] = content
-            if is_special:
-                special.add(idx)
-    return added, special
-
-
-def _tokenizer_meta(hf: Any, path: Path) -> dict[str, Any]:
-    """The parts of tokenizer.json that decoding needs, taken from the loaded tokenizer.
-
-    Parsing the whole file again would rebuild its vocabulary and merges as Python objects:
-    ~70 ms and ~25 MB of peak memory for a 49k-token BPE. Only the added tokens are read from
-    the file, because `tokenizers` may renumber ones that collide with vocabulary ids.
-    """
-    model = hf.model
-    vocab = hf.get_vocab(with_added_tokens=False)
-    return {
-        "model": {
-            "type": type(model).__name__,
-            "vocab": vocab,
-            "end_of_word_suffix": getattr(model, "end_of_word_suffix", None),
-        },
-        "decoder": json.loads(hf.decoder.__getstate__()) if hf.decoder else None,
-        "post_processor": (
-            json.loads(hf.post_processor.__getstate__()) if hf.post_processor else None
-        ),
-        "added_tokens": _declared_added_tokens(path),
-    }
-
-
-def _declared_added_tokens(path: Path) -> list[Any]:
-    """tokenizer.json's top-level ``added_tokens`` array, decoded without the rest of the file.
-
-    Serialised tokenizers put it before the vocabulary (first, or among the first keys), so the
-    first occurrence of the key is the top-level one; a window around it is grown until the
-    array decodes.
-    """
-    raw = path.read_bytes()
-    key = raw.find(b'"added_tokens"')
-    if key < 0:
-        return []
-    start = raw.index(b"[", key)
-    decoder = json.JSONDecoder()
-    size = 1 << 16
-    while True:
-        window = raw[start : start + size].decode("utf-8", errors="replace")
-        try:
-            tokens = decoder.raw_decode(window)[0]
-        except json.JSONDecodeError:
-            if start + size >= len(raw):
-                raise
-            size *= 4
-            continue
-        return tokens if isinstance(tokens, list) else []
-
-
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        return load_json(read_bounded(path, TOKENIZER_LIMITS.max_bytes), TOKENIZER_LIMITS)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, LimitError
-        raise TokenizerError(f"cannot read {what} {path}: {clip_text(str(exc))}") from exc
-
-
-def _parse_bool_option(value: Any) -> bool:
-    # The reference stringifies option values and treats only "false" / "0" as false.
-    return str(value).lower() not in ("false", "0")
-
-
-# ---------------------------------------------------------------------------------------------
-# chat templates
-
-
-class _TemplateRaised(Exception):
-    """Raised by a template's ``raise_exception(...)`` call."""
-
-
-def _raise_exception(message: str) -> None:
-    raise _TemplateRaised(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    # Hugging Face's tojson: no HTML escaping, non-ASCII kept (jinja2's built-in escapes both).
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-@lru_cache(maxsize=1)
-def _template_env():
-    # Imported here: jinja2 is only needed once a chat template is rendered.
-    import jinja2.ext
-    import jinja2.sandbox
-
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[jinja2.ext.loopcontrols],
-        # None prints as "" (the reference does this; plain jinja2 would print "None").
-        finalize=lambda value: "" if value is None else value,
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-@lru_cache(maxsize=32)
-def _compile_template(source: str):
-    import jinja2
-
-    try:
-        return _template_env().from_string(source)
-    except jinja2.TemplateSyntaxError as exc:
-        raise TokenizerError(f"chat template does not compile: {exc} (line {exc.lineno})") from exc
-
-
-def _json_arg(value: Any, what: str) -> Any:
-    """A JSON string (the reference's form) or an already-parsed Python value."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return load_json(value, TOKENIZER_LIMITS)
-    except ValueError as exc:  # JSONDecodeError, LimitError
-        raise TokenizerError(f"{what} is not valid JSON: {clip_text(str(exc))}") from exc
+_PLAIN_LOCK = threading.Lock()  # builds the plain-text twin of a tokenizer once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,11 +101,15 @@ class Tokenizer:
                     f"file is {size} bytes, over the limit of {_MAX_TOKENIZER_JSON_BYTES}"
                 )
             self._hf = HfTokenizer.from_file(str(tok_path))
-            spec = _tokenizer_meta(self._hf, tok_path)
+            self._plain_hf: Any = None  # a twin reading special-token text as plain text
+            decoder = self._hf.get_added_tokens_decoder()
+            # `tokenizers` ids of the special added tokens (the control tokens)
+            self._hf_specials = frozenset(i for i, t in decoder.items() if t.special)
+            spec = tokenizer_meta(self._hf, tok_path)
         except Exception as exc:  # tokenizers raises plain Exception on bad files
             raise TokenizerError(f"cannot load {tok_path}: {clip_text(str(exc))}") from exc
         cfg_path = model_dir / "tokenizer_config.json"
-        cfg = _read_json(cfg_path, "tokenizer config") if cfg_path.is_file() else {}
+        cfg = read_json(cfg_path, "tokenizer config") if cfg_path.is_file() else {}
         if not isinstance(cfg, dict):
             raise TokenizerError(f"{cfg_path} must hold a JSON object")
         try:
@@ -374,7 +146,7 @@ class Tokenizer:
         self._piece_bytes: dict[int, bytes] = {}
         self._eow_suffix = model.get("end_of_word_suffix") or ""
 
-        self._added, self._special_ids = _added_tokens(spec, cfg)
+        self._added, self._special_ids = added_tokens(spec, cfg)
         self._added_ids: dict[str, int] = {}
         for idx, content in self._added.items():
             self._added_ids.setdefault(content, idx)
@@ -390,7 +162,7 @@ class Tokenizer:
         self._never_skip = self._added.get(200005) == "<|channel|>"
 
         names = ("bos_token", "eos_token", "pad_token", "unk_token")
-        self._special_text = {n: t for n in names if (t := _token_text(cfg.get(n))) is not None}
+        self._special_text = {n: t for n in names if (t := token_text(cfg.get(n))) is not None}
         self._unk_text = self._special_text.get("unk_token", "")
         self._cleanup_spaces = bool(cfg.get("clean_up_tokenization_spaces", False))
         self._cfg_eos_id = self._lookup(self._special_text.get("eos_token"))
@@ -408,7 +180,7 @@ class Tokenizer:
             pad = cfg_pad if cfg_pad is not None else (self._eos[0] if self._eos else 0)
         self._pad = int(pad)
         self._extra = extra
-        self._templates = self._load_templates(model_dir, cfg)
+        self.templates = ChatTemplates.load(model_dir, cfg)
 
     @staticmethod
     def _detect_spm(spec: dict[str, Any], model: dict[str, Any]) -> tuple[bool, bool]:
@@ -420,9 +192,9 @@ class Tokenizer:
         dummy = False
         for step in steps or []:
             kind = step.get("type")
-            if kind == "Replace" and (step.get("pattern") or {}).get("String") == _SPM_SPACE:
+            if kind == "Replace" and (step.get("pattern") or {}).get("String") == SPM_SPACE:
                 spm = True
-            elif kind == "Metaspace" and step.get("replacement") == _SPM_SPACE:
+            elif kind == "Metaspace" and step.get("replacement") == SPM_SPACE:
                 spm = True
                 dummy = dummy or bool(step.get("add_prefix_space"))
                 dummy = dummy or step.get("prepend_scheme") in ("always", "first")
@@ -464,30 +236,6 @@ class Tokenizer:
         if cut < 0:
             cut = name.find("Backend")
         return name[:cut] if cut >= 0 else name
-
-    @staticmethod
-    def _load_templates(model_dir: Path, cfg: dict[str, Any]) -> dict[str, str]:
-        """Named chat templates: chat_template.jinja, else tokenizer_config.json, else
-        chat_template.json. A single template is stored under "default"."""
-        jinja_file = model_dir / "chat_template.jinja"
-        if jinja_file.is_file():
-            try:
-                return {"default": read_bounded(jinja_file, TOKENIZER_LIMITS.max_bytes)}
-            except (OSError, UnicodeDecodeError, LimitError) as exc:
-                raise TokenizerError(f"cannot read {jinja_file}: {clip_text(str(exc))}") from exc
-        source: Any = cfg.get("chat_template")
-        if not source and (model_dir / "chat_template.json").is_file():
-            extra = _read_json(model_dir / "chat_template.json", "chat template")
-            source = extra.get("chat_template") if isinstance(extra, dict) else None
-        if isinstance(source, str) and source:
-            return {"default": source}
-        if isinstance(source, list):
-            return {
-                str(t.get("name")): t["template"]
-                for t in source
-                if isinstance(t, Mapping) and isinstance(t.get("template"), str)
-            }
-        return {}
 
     def _lookup(self, text: str | None) -> int | None:
         if not text:
@@ -547,7 +295,7 @@ class Tokenizer:
             if str(value) == "":
                 raise TokenizerError(f"Option value cannot be empty for key: {key}")
         for key, value in options.items():
-            self._options[key] = _parse_bool_option(value)
+            self._options[key] = parse_bool_option(value)
 
     # -- encoding -----------------------------------------------------------------------------
 
@@ -559,6 +307,10 @@ class Tokenizer:
             ids = self._hf.encode(text, add_special_tokens=False).ids
         except Exception as exc:  # e.g. an unknown character and no usable unk token
             raise TokenizerError(f"cannot encode {text[:40]!r}: {exc}") from exc
+        return self._finish_ids(ids)
+
+    def _finish_ids(self, ids: list[int]) -> list[int]:
+        """`tokenizers` ids -> ours (renumbered added tokens), with BOS/EOS if the options say."""
         if self._remap:
             ids = [self._remap.get(i, i) for i in ids]
         if self._options["add_special_tokens"]:
@@ -568,6 +320,95 @@ class Tokenizer:
             if self._add_eos and self._cfg_eos_id is not None:
                 ids.append(self._cfg_eos_id)
         return ids
+
+    def _hf_encoding(self, text: str, plain: bool = False) -> Any:
+        """The `tokenizers` encoding of all of ``text`` (``plain``: special-token text is plain
+        text). ``encode_batch`` because it releases the GIL while it works (``encode`` does not):
+        a server's event loop keeps answering meanwhile. The text is not quoted in errors."""
+        hf = self._plain_twin() if plain else self._hf
+        try:
+            return hf.encode_batch([text], add_special_tokens=False)[0]
+        except Exception as exc:  # e.g. a lone surrogate, or no usable unk token
+            raise TokenizerError(
+                f"cannot encode a text of {len(text)} characters: {clip_text(str(exc))}"
+            ) from exc
+
+    def _plain_twin(self) -> Any:
+        if self._plain_hf is None:
+            with _PLAIN_LOCK:
+                if self._plain_hf is None:
+                    twin = type(self._hf).from_str(self._hf.to_str())
+                    twin.encode_special_tokens = True
+                    self._plain_hf = twin
+        return self._plain_hf
+
+    def encode_with_literals(
+        self, text: str, literal: Sequence[tuple[int, int]] = ()
+    ) -> np.ndarray:
+        """Ids of all of ``text`` (int32, 1-D): unlike ``encode``, a NUL is data, not the end.
+
+        Special-token text inside the ``literal`` character spans ``[start, end)`` (sorted,
+        disjoint; e.g. where message contents landed in a chat prompt) is encoded as plain text,
+        so it never becomes a control token; elsewhere it is one id, as in ``encode``. Text with
+        no special token inside a span is encoded whole, exactly as ``encode`` would.
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
+        encoding = self._hf_encoding(text)
+        ids = encoding.ids
+        spans: list[tuple[int, int]] = []
+        if literal and self._hf_specials:  # where each special token came from (characters)
+            specials = np.fromiter(self._hf_specials, np.int64, len(self._hf_specials))
+            at = np.flatnonzero(np.isin(np.asarray(ids, np.int64), specials))
+            spans = forged_spans([encoding.token_to_chars(int(k)) for k in at], literal)
+        if spans:
+            ids, pos = [], 0
+            for start, end in spans:
+                ids += self._hf_encoding(text[pos:start]).ids
+                ids += self._hf_encoding(text[start:end], plain=True).ids
+                pos = end
+            ids += self._hf_encoding(text[pos:]).ids
+        return np.asarray(self._finish_ids(list(ids)), dtype=np.int32)
+
+    def encode_chat(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        template_str: str | None = None,
+        add_generation_prompt: bool = True,
+        literal_content: bool = True,
+    ) -> np.ndarray:
+        """Ids of the chat prompt: ``apply_chat_template`` encoded whole (a NUL is data).
+
+        With ``literal_content`` (the default) special-token text typed in a message's string
+        ``content`` (``<|im_end|>``) is encoded as plain text, so a message cannot forge a turn;
+        the template's own special tokens stay control tokens. A template that reshapes message
+        text so that it cannot be found again in the prompt gets a ``TokenizerError`` if a
+        content holds special-token text.
+        """
+        parsed = json_arg(messages, "messages")
+
+        def render(msgs: Any) -> str:
+            return self.apply_chat_template(
+                msgs, template_str=template_str, add_generation_prompt=add_generation_prompt
+            )
+
+        if not literal_content:
+            return self.encode_with_literals(render(parsed))
+        text, spans = locate_contents(render, parsed)
+        if spans is None:  # cannot tell where message text went: refuse only what is dangerous
+            specials = self._hf_specials
+            for i, m in enumerate(parsed):
+                content = m.get("content")
+                if isinstance(content, str) and specials.intersection(
+                    self._hf_encoding(content).ids
+                ):
+                    raise TokenizerError(
+                        f"messages[{i}].content holds special-token text, and the chat template "
+                        "reshapes message text, so it cannot be kept as plain text"
+                    )
+            spans = []
+        return self.encode_with_literals(text, spans)
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text`` (int32, 1-D). Special-token text such as "<|im_start|>" becomes
@@ -608,14 +449,14 @@ class Tokenizer:
             return None
         piece = self._pieces[idx] or ""
         if not self._spm:
-            data = _byte_level_bytes(piece)
+            data = byte_level_bytes(piece)
         elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             try:
                 data = bytes((int(piece[3:5], 16),))
             except ValueError:
                 data = b"\x00"
         else:
-            data = piece.replace(_SPM_SPACE, " ").encode("utf-8")
+            data = piece.replace(SPM_SPACE, " ").encode("utf-8")
         self._piece_bytes[idx] = data
         return data
 
@@ -661,7 +502,7 @@ class Tokenizer:
         Like the reference, bad UTF-8 (e.g. a sequence ending inside a character) ends the text
         with a single U+FFFD at the first bad position.
         """
-        return _finish_text(self._decode_bytes(_as_ids(tokens).ravel().tolist()))
+        return finish_text(self._decode_bytes(_as_ids(tokens).ravel().tolist()))
 
     def decode_batch(self, tokens: Any) -> list[str]:
         """Decode each row of a [batch, length] array (numpy, nested lists or an og.Tensor)."""
@@ -670,13 +511,11 @@ class Tokenizer:
             raise TokenizerError(
                 f"decode_batch expects a 2-D [batch, length] array, got {arr.ndim}-D"
             )
-        return [_finish_text(self._decode_bytes(row)) for row in arr.tolist()]
+        return [finish_text(self._decode_bytes(row)) for row in arr.tolist()]
 
     def create_stream(self) -> TokenizerStream:
         """A fresh incremental decoder."""
         return TokenizerStream(self)
-
-    # -- chat templates -----------------------------------------------------------------------
 
     def apply_chat_template(
         self,
@@ -691,44 +530,24 @@ class Tokenizer:
         ``messages`` is a JSON string (the reference's form) or a list of dicts; ``tools`` the
         same or None. ``template_str`` overrides the model's own template.
         """
-        parsed = _json_arg(messages, "messages")
-        if not isinstance(parsed, list) or not all(isinstance(m, Mapping) for m in parsed):
-            raise TokenizerError(
-                'messages must be a JSON array of objects, e.g. [{"role": "user", "content": "Hi"}]'
-            )
-        if template_str is not None and not isinstance(template_str, str):
-            kind = type(template_str).__name__
-            raise TokenizerError(f"apply_chat_template(template_str): expected a str, got {kind}")
-        no_tools = tools is None or (isinstance(tools, str) and not tools)
-        tool_list = None if no_tools else _json_arg(tools, "tools")
-        source = template_str or self._pick_template(tool_list is not None)
-        template = _compile_template(source)
-        context: dict[str, Any] = dict(self._special_text)
-        context.update(
-            messages=parsed, tools=tool_list, add_generation_prompt=bool(add_generation_prompt)
-        )
-        try:
-            return template.render(**context)
-        except _TemplateRaised as exc:
-            raise TokenizerError(f"chat template raised an error: {exc}") from exc
-        except Exception as exc:  # undefined names, type errors, sandbox violations...
-            raise TokenizerError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+        return self.templates.render(
+            messages, template_str=template_str, tools=tools,
+            add_generation_prompt=add_generation_prompt, special_text=self._special_text,
+        )  # fmt: skip
 
-    def _pick_template(self, with_tools: bool) -> str:
-        if with_tools and "tool_use" in self._templates:
-            return self._templates["tool_use"]
-        if "default" in self._templates:
-            return self._templates["default"]
-        if self._templates:
-            names = ", ".join(sorted(self._templates))
-            raise TokenizerError(
-                f"tokenizer_config.json in {self.model_dir} has chat templates ({names}) but none "
-                "named 'default'; pass one with apply_chat_template(..., template_str=...)"
-            )
-        raise TokenizerError(
-            f"no chat template in {self.model_dir} (no chat_template.jinja, no 'chat_template' in "
-            "tokenizer_config.json); pass one with apply_chat_template(..., template_str=...)"
-        )
+
+def forged_spans(
+    tokens: Sequence[tuple[int, int]], literal: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The ``literal`` spans that any of the special ``tokens`` (character spans) overlaps."""
+    starts = [start for start, _ in literal]
+    hit: set[tuple[int, int]] = set()
+    for a, b in tokens:
+        k = bisect.bisect_left(starts, b) - 1  # the last span starting before the token ends
+        while k >= 0 and literal[k][1] > a:  # spans are disjoint and sorted: ends increase
+            hit.add(literal[k])
+            k -= 1
+    return sorted(hit)
 
 
 def _token_id(token: Any, what: str) -> int:
@@ -790,11 +609,25 @@ class TokenizerStream:
         out = bytearray()
         i = done = 0
         while i < len(buf):
-            size = _UTF8_LEN[buf[i] >> 4]
+            size = UTF8_LEN[buf[i] >> 4]
             if size <= len(buf) - i:
                 done += size
-                if _is_one_valid_char(buf[i : i + size]):
+                if is_one_valid_char(buf[i : i + size]):
                     out += buf[i : i + size]
             i += size
         self._pending = buf[done:]
         return out.decode("utf-8")
+
+
+def folder_problems(model_dir: Path | None, tokens: Any) -> list[str]:
+    """Load a folder's tokenizer (if it has one) and compile its chat templates (``validate``)."""
+    if model_dir is None or not (model_dir / "tokenizer.json").is_file():
+        return []
+    try:
+        tokenizer = Tokenizer.from_dir(
+            model_dir, bos_token_id=tokens.bos, eos_token_ids=tokens.eos, pad_token_id=tokens.pad
+        )
+        tokenizer.templates.check()
+    except GenaiRuntimeError as exc:
+        return [str(exc)]
+    return []

@@ -1,0 +1,214 @@
+"""``run`` (one prompt, streamed) and ``bench`` (prefill / decode speed and memory)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import GenerationError
+from ..generator import Generator, GeneratorParams
+from ..multimodal.processor import TRANSCRIBE_PROMPT
+from ..timing import Timing, peak_rss_mib, timed_generate
+from .common import (
+    add_device_arg,
+    add_search_args,
+    add_trust_arg,
+    at_least,
+    load_model,
+    positive_int,
+    search_options,
+)
+
+_FILLER = "The quick brown fox jumps over the lazy dog. "
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("run", help="generate text for one prompt, streamed")
+    p.add_argument("model_dir", metavar="MODEL_DIR")
+    add_trust_arg(p)
+    add_device_arg(p)
+    p.add_argument("-p", "--prompt", help="prompt text (required unless --audio)")
+    p.add_argument(
+        "--audio",
+        metavar="FILE",
+        help="audio file for a speech model (wav/flac/ogg/mp3; needs the 'audio' extra); the "
+        "prompt defaults to Whisper's transcription prompt",
+    )
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--system", metavar="TEXT", help="system message (implies --chat)")
+    lengths = p.add_mutually_exclusive_group()
+    lengths.add_argument(
+        "--max-length", type=positive_int, metavar="N", help="total length, prompt included"
+    )
+    lengths.add_argument(
+        "--max-new-tokens", type=positive_int, metavar="N", help="max_length = prompt length + N"
+    )
+    add_search_args(p)
+    guide = p.add_mutually_exclusive_group()
+    guide.add_argument(
+        "--json-schema", metavar="FILE", help="constrain the output to a JSON schema"
+    )
+    guide.add_argument("--regex", metavar="PATTERN", help="constrain the output to a regex")
+    guide.add_argument("--lark", metavar="FILE", help="constrain the output to a Lark grammar")
+    p.set_defaults(func=cmd_run, check=_check_run)
+
+    p = sub.add_parser("bench", help="measure prefill / decode speed and memory")
+    p.add_argument("model_dir", metavar="MODEL_DIR")
+    add_trust_arg(p)
+    add_device_arg(p)
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", metavar="TEXT", help="prompt text")
+    prompt.add_argument(
+        "--prompt-tokens",
+        type=positive_int,
+        metavar="N",
+        default=None,
+        help="a synthetic prompt of exactly N tokens (default 32)",
+    )
+    p.add_argument(
+        "--new-tokens",
+        type=at_least(2),
+        default=32,
+        metavar="N",
+        help="tokens generated per run, exactly (default 32)",
+    )
+    p.add_argument(
+        "--runs", type=positive_int, default=3, metavar="N", help="timed runs (default 3)"
+    )
+    p.add_argument(
+        "--warmup", type=at_least(0), default=1, metavar="N", help="untimed runs first (default 1)"
+    )
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_bench)
+
+
+def _check_run(args: argparse.Namespace) -> str | None:
+    if args.prompt is None and args.audio is None:
+        return "run: give a prompt (-p TEXT) or an audio file (--audio FILE)"
+    return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
+    if args.audio is not None and args.prompt is None:
+        args.prompt = TRANSCRIBE_PROMPT
+    if args.chat or args.system is not None:
+        messages = [{"role": "user", "content": args.prompt}]
+        if args.system is not None:
+            messages.insert(0, {"role": "system", "content": args.system})
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    else:
+        text = args.prompt
+    ids = np.asarray(tokenizer.encode(text)).reshape(-1)
+    options = search_options(args)
+    context = model.spec.model.context_length
+    if context and len(ids) >= context:
+        raise GenerationError(
+            f"the prompt is {len(ids)} tokens; the model's context_length is {context}"
+        )
+    if args.max_new_tokens is not None:
+        # Clamped: more new tokens than the context holds just means "until the context ends".
+        options["max_length"] = len(ids) + args.max_new_tokens
+        if context:
+            options["max_length"] = min(options["max_length"], context)
+    elif args.max_length is not None:
+        options["max_length"] = args.max_length
+    params = GeneratorParams(model)
+    params.set_search_options(**options)
+    if args.json_schema is not None:
+        params.set_guidance("json_schema", Path(args.json_schema).read_text(encoding="utf-8"))
+    elif args.lark is not None:
+        params.set_guidance("lark_grammar", Path(args.lark).read_text(encoding="utf-8"))
+    elif args.regex is not None:
+        params.set_guidance("regex", args.regex)
+    generator = Generator(model, params)
+    if args.audio is not None:
+        from ..multimodal import Audios  # the audio extra, only when asked for
+
+        inputs = model.create_multimodal_processor()(audios=Audios.open(args.audio))
+        for name, tensor in inputs.items():
+            generator.set_model_input(name, tensor)
+    stream = tokenizer.create_stream()
+    eos = {int(t) for t in model.spec.tokens.eos}
+
+    def show(token: int) -> None:
+        if token in eos:
+            return
+        chunk = stream.decode(token)
+        if chunk:
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+
+    timing = timed_generate(generator, ids, show)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    print(timing.line(), file=sys.stderr)
+    return 0
+
+
+def _bench_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
+    if args.prompt is not None:
+        return np.asarray(tokenizer.encode(args.prompt)).reshape(-1)
+    want = args.prompt_tokens or 32
+    ids = np.asarray(tokenizer.encode(_FILLER * want)).reshape(-1)
+    return ids[:want]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
+    ids = _bench_prompt(tokenizer, args)
+    total = len(ids) + args.new_tokens
+    timings: list[Timing] = []
+    for i in range(args.warmup + args.runs):
+        params = GeneratorParams(model)
+        # min_length == max_length: EOS is suppressed, so every run makes exactly new_tokens.
+        params.set_search_options(max_length=total, min_length=total)
+        generator = Generator(model, params)
+        timing = timed_generate(generator, ids)
+        if i >= args.warmup:
+            timings.append(timing)
+    cache = generator.kv_cache
+    result = {
+        "model": str(args.model_dir),
+        "prompt_tokens": len(ids),
+        "new_tokens": args.new_tokens,
+        "runs": args.runs,
+        "warmup": args.warmup,
+        "prefill_tok_s": statistics.median(t.prefill_tok_s for t in timings),
+        "decode_tok_s": statistics.median(t.decode_tok_s or 0.0 for t in timings),
+        "ttft_ms": statistics.median(t.ttft_ms for t in timings),
+        "peak_rss_mib": peak_rss_mib(),
+        "kv_cache": None
+        if cache is None
+        else {
+            "kind": cache.kind,
+            "length": cache.length,
+            "capacity": cache.capacity,
+            "nbytes": cache.nbytes,
+        },
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"model: {result['model']}")
+    print(
+        f"prompt {result['prompt_tokens']} tokens, {args.new_tokens} new tokens, "
+        f"{args.runs} runs after {args.warmup} warmup (medians):"
+    )
+    print(f"  prefill:             {result['prefill_tok_s']:.1f} tok/s")
+    print(f"  decode:              {result['decode_tok_s']:.1f} tok/s")
+    print(f"  time to first token: {result['ttft_ms']:.1f} ms")
+    print(f"  peak RSS:            {result['peak_rss_mib']:.1f} MiB")
+    kv = result["kv_cache"]
+    if kv:
+        print(
+            f"  KV cache:            {kv['kind']}, {kv['nbytes'] / 2**20:.2f} MiB after "
+            f"{kv['length']} tokens (capacity {kv['capacity']})"
+        )
+    return 0

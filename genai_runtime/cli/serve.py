@@ -1,0 +1,85 @@
+"""``serve``: the OpenAI-compatible HTTP server (needs the ``server`` extra)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from .common import add_device_arg, at_least, positive_int
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the server extra)")
+    p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=at_least(0), default=8000, help="0 picks a free port")
+    p.add_argument("--api-key", metavar="K", help="require Authorization: Bearer K")
+    p.add_argument(
+        "--insecure", action="store_true", help="allow a non-loopback host without an API key"
+    )
+    p.add_argument("--served-name", metavar="NAME", help="model name (default: folder name)")
+    p.add_argument("--max-queued", type=positive_int, default=16, metavar="N",
+                   help="requests waiting for a slot before 429 (default 16)")  # fmt: skip
+    p.add_argument("--max-active", type=positive_int, default=4, metavar="N",
+                   help="requests decoding together (default 4)")  # fmt: skip
+    p.add_argument("--max-context", type=positive_int, metavar="N",
+                   help="cap on prompt + max_tokens (default 2048)")  # fmt: skip
+    p.add_argument("--timeout", type=_seconds, metavar="S",
+                   help="per-request timeout (default 600)")  # fmt: skip
+    p.add_argument("--interleave", action="store_true", help="no batched decode")
+    add_device_arg(p)
+    p.add_argument(
+        "--special-tokens-in-messages", action="store_true",
+        help="read special-token text typed in chat messages (<|im_end|>) as control tokens; "
+        "by default it is plain text, so a message cannot forge a turn",
+    )  # fmt: skip
+    p.add_argument("--ray", action="store_true",
+                   help="run as a Ray Serve deployment (needs the ray extra)")  # fmt: skip
+    p.add_argument("--replicas", type=positive_int, metavar="N",
+                   help="with --ray: replicas, one model each (default 1)")  # fmt: skip
+    p.add_argument("--threads", type=positive_int, metavar="N",
+                   help="with --ray: threads (and CPUs) per replica (default 1)")  # fmt: skip
+    p.set_defaults(func=cmd_serve, check=_check)
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if not args.ray and (args.replicas is not None or args.threads is not None):
+        return "serve: --replicas and --threads are for --ray"
+    return None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.ray:  # Ray Serve replicas of the same app: the ray extra, only when asked for
+        from ..integrations.ray.serve import serve_until_interrupted
+
+        serve_until_interrupted(
+            args.model_dir, replicas=args.replicas or 1, threads=args.threads or 1,
+            host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
+            served_name=args.served_name, max_queued=args.max_queued,
+            max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
+            batched=False if args.interleave else None,
+            special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
+        )  # fmt: skip
+        return 0
+    from ..server import serve  # Starlette and uvicorn: the server extra, only when serving
+
+    serve(
+        args.model_dir, host=args.host, port=args.port, api_key=args.api_key,
+        insecure=args.insecure, served_name=args.served_name, max_queued=args.max_queued,
+        max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
+        batched=False if args.interleave else None,
+        special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
+    )  # fmt: skip
+    return 0
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value

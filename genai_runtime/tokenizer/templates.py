@@ -1,0 +1,221 @@
+"""Chat templates: jinja2 in a sandbox, configured like Hugging Face transformers.
+
+A folder's templates come from ``chat_template.jinja``, else ``tokenizer_config.json``'s
+``chat_template`` (one string, or a list of named ones), else ``chat_template.json``. Message
+text is data passed to the template, never template source.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..config.bounded import TOKENIZER_LIMITS, LimitError, clip_text, load_json, read_bounded
+from ..errors import TokenizerError
+from .files import read_json
+
+
+class _TemplateRaised(Exception):
+    """Raised by a template's ``raise_exception(...)`` call."""
+
+
+def _raise_exception(message: str) -> None:
+    raise _TemplateRaised(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Hugging Face's tojson: no HTML escaping, non-ASCII kept (jinja2's built-in escapes both).
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=1)
+def _template_env():
+    # Imported here: jinja2 is only needed once a chat template is rendered.
+    import jinja2.ext
+    import jinja2.sandbox
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols],
+        # None prints as "" (the reference does this; plain jinja2 would print "None").
+        finalize=lambda value: "" if value is None else value,
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+@lru_cache(maxsize=32)
+def compile_template(source: str):
+    import jinja2
+
+    try:
+        return _template_env().from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TokenizerError(f"chat template does not compile: {exc} (line {exc.lineno})") from exc
+
+
+def json_arg(value: Any, what: str) -> Any:
+    """A JSON string (the reference's form) or an already-parsed Python value."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return load_json(value, TOKENIZER_LIMITS)
+    except ValueError as exc:  # JSONDecodeError, LimitError
+        raise TokenizerError(f"{what} is not valid JSON: {clip_text(str(exc))}") from exc
+
+
+def locate_contents(
+    render: Callable[[list[Any]], str], messages: Any
+) -> tuple[str, list[tuple[int, int]] | None]:
+    """``render(messages)`` and where each message's string content landed in it: sorted
+    ``[start, end)`` character spans, or None when that cannot be told for sure.
+
+    Found by rendering once more with a unique marker in place of each content: if putting the
+    contents (or, for templates that ``trim``, the stripped contents) back in place of the
+    markers gives the real rendering, the spans are exact. A template that reshapes or tests
+    message text gives another text, hence None.
+    """
+    text = render(messages)
+    if not isinstance(messages, list):
+        return text, None
+    tag = f"\ue000{uuid.uuid4().hex}:"
+    contents: dict[str, str] = {}
+    marked = []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, str) and content:
+            marker = f"{tag}{i}\ue001"
+            contents[marker] = content
+            m = {**m, "content": marker}
+        marked.append(m)
+    if not contents:
+        return text, []
+    try:
+        skeleton = render(marked)
+    except TokenizerError:
+        return text, None
+    parts = re.split(f"({re.escape(tag)}\\d+\ue001)", skeleton)
+    for strip in (False, True):
+        spans, pieces, at = [], [], 0
+        for k, part in enumerate(parts):
+            if k % 2:  # a marker
+                if part not in contents:
+                    return text, None
+                part = contents[part].strip() if strip else contents[part]
+                spans.append((at, at + len(part)))
+            pieces.append(part)
+            at += len(part)
+        if "".join(pieces) == text:
+            return text, [s for s in spans if s[0] < s[1]]
+    return text, None
+
+
+class ChatTemplates:
+    """A folder's named chat templates ("default", "tool_use", ...), rendered on request."""
+
+    def __init__(self, templates: Mapping[str, str], model_dir: Path):
+        self.templates = dict(templates)
+        self.model_dir = model_dir
+
+    @classmethod
+    def load(cls, model_dir: Path, cfg: Mapping[str, Any]) -> ChatTemplates:
+        """Named chat templates: chat_template.jinja, else tokenizer_config.json, else
+        chat_template.json. A single template is stored under "default"."""
+        return cls(_read_templates(model_dir, cfg), model_dir)
+
+    def check(self) -> None:
+        """Compile every template (``validate``): a syntax error is a ``TokenizerError``."""
+        for source in self.templates.values():
+            compile_template(source)
+
+    def render(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        template_str: str | None,
+        tools: str | Sequence[Any] | None,
+        add_generation_prompt: bool,
+        special_text: Mapping[str, str],
+    ) -> str:
+        """The prompt text for ``messages`` (a JSON string or a list of dicts)."""
+        parsed = json_arg(messages, "messages")
+        if not isinstance(parsed, list) or not all(isinstance(m, Mapping) for m in parsed):
+            raise TokenizerError(
+                'messages must be a JSON array of objects, e.g. [{"role": "user", "content": "Hi"}]'
+            )
+        if template_str is not None and not isinstance(template_str, str):
+            kind = type(template_str).__name__
+            raise TokenizerError(f"apply_chat_template(template_str): expected a str, got {kind}")
+        no_tools = tools is None or (isinstance(tools, str) and not tools)
+        tool_list = None if no_tools else json_arg(tools, "tools")
+        source = template_str or self.pick(tool_list is not None)
+        template = compile_template(source)
+        context: dict[str, Any] = dict(special_text)
+        context.update(
+            messages=parsed, tools=tool_list, add_generation_prompt=bool(add_generation_prompt)
+        )
+        try:
+            return template.render(**context)
+        except _TemplateRaised as exc:
+            raise TokenizerError(f"chat template raised an error: {exc}") from exc
+        except Exception as exc:  # undefined names, type errors, sandbox violations...
+            raise TokenizerError(f"chat template failed: {type(exc).__name__}: {exc}") from exc
+
+    def pick(self, with_tools: bool) -> str:
+        if with_tools and "tool_use" in self.templates:
+            return self.templates["tool_use"]
+        if "default" in self.templates:
+            return self.templates["default"]
+        if self.templates:
+            names = ", ".join(sorted(self.templates))
+            raise TokenizerError(
+                f"tokenizer_config.json in {self.model_dir} has chat templates ({names}) but none "
+                "named 'default'; pass one with apply_chat_template(..., template_str=...)"
+            )
+        raise TokenizerError(
+            f"no chat template in {self.model_dir} (no chat_template.jinja, no 'chat_template' in "
+            "tokenizer_config.json); pass one with apply_chat_template(..., template_str=...)"
+        )
+
+
+def _read_templates(model_dir: Path, cfg: Mapping[str, Any]) -> dict[str, str]:
+    jinja_file = model_dir / "chat_template.jinja"
+    if jinja_file.is_file():
+        try:
+            return {"default": read_bounded(jinja_file, TOKENIZER_LIMITS.max_bytes)}
+        except (OSError, UnicodeDecodeError, LimitError) as exc:
+            raise TokenizerError(f"cannot read {jinja_file}: {clip_text(str(exc))}") from exc
+    source: Any = cfg.get("chat_template")
+    if not source and (model_dir / "chat_template.json").is_file():
+        extra = read_json(model_dir / "chat_template.json", "chat template")
+        source = extra.get("chat_template") if isinstance(extra, dict) else None
+    if isinstance(source, str) and source:
+        return {"default": source}
+    if isinstance(source, list):
+        return {
+            str(t.get("name")): t["template"]
+            for t in source
+            if isinstance(t, Mapping) and isinstance(t.get("template"), str)
+        }
+    return {}
