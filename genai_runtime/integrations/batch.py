@@ -135,7 +135,10 @@ class BatchRunner:
         active: dict[int, _Row] = {}
         while waiting or active:
             while waiting and free:
-                slot, i = free.pop(0), waiting.popleft()
+                # The lowest free row: a decode pass runs every row up to the highest in use.
+                slot = min(free)
+                free.remove(slot)
+                i = waiting.popleft()
                 s = settings[i]
                 row = _Row(i, s, None if s.greedy else make_rng(_seed(s.seed)))
                 try:
