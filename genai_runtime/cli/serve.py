@@ -42,6 +42,10 @@ def add_parsers(sub: Any) -> None:
         default="info",
         help="stderr log level (default info: one access line per request, never prompt text)",
     )
+    p.add_argument(
+        "--adapter", action="append", type=_adapter, default=[], metavar="NAME=PATH",
+        help="a LoRA adapter (.onnx_adapter) served as <served name>:NAME; repeatable",
+    )  # fmt: skip
     p.add_argument("--ray", action="store_true",
                    help="run as a Ray Serve deployment (needs the ray extra)")  # fmt: skip
     p.add_argument("--replicas", type=positive_int, metavar="N",
@@ -69,6 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
             batched=False if args.interleave else None,
             special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
+            adapters=dict(args.adapter),
         )  # fmt: skip
         return 0
     require_extra("server", "serve")
@@ -80,6 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queued=args.max_queued, max_active=args.max_active, max_context=args.max_context,
         timeout=args.timeout, batched=False if args.interleave else None,
         special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
+        adapters=dict(args.adapter),
     )  # fmt: skip
     return 0
 
@@ -93,3 +99,10 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
     return value
+
+
+def _adapter(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path or ":" in name:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH (a NAME without ':'), got {text!r}")
+    return name, path

@@ -8,6 +8,7 @@ several replicas on one machine fight over the same cores.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,23 @@ def start_engine(
     *,
     threads: int | None = None,
     device: str | None = None,
+    adapters: Mapping[str, str] | None = None,
     **engine_options: Any,
 ):
-    """Load a model and start the server's engine thread over it."""
+    """Load a model (and its LoRA ``adapters``, name -> ``.onnx_adapter`` path) and start the
+    server's engine thread over it."""
+    from ..adapters import Adapters
     from ..server.engine import Engine
     from ..tokenizer import Tokenizer
 
     model = load_model(model_dir, threads=threads, device=device)
-    engine = Engine(model, Tokenizer(model), **engine_options)
+    loaded = None
+    if adapters:
+        loaded = Adapters(model)
+        for name, path in adapters.items():
+            if not isinstance(name, str) or not name or ":" in name:
+                raise GenaiRuntimeError(f"adapter name {name!r}: expected a name without ':'")
+            loaded.load(path, name)
+    engine = Engine(model, Tokenizer(model), adapters=loaded, **engine_options)
     engine.start()
     return engine

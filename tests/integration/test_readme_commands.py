@@ -195,6 +195,16 @@ def check_ray_cluster(body: str, capsys) -> None:
             assert re.search(rf"(?<![\w-]){re.escape(flag)}\b", text), (command, flag)
 
 
+def is_adapters_example(lang: str, body: str) -> bool:
+    return lang == "python" and "og.Adapters" in body
+
+
+def check_adapters_example(body: str, capsys) -> None:
+    """The calls it shows exist (tests/integration/test_lora.py runs them on real adapters)."""
+    assert callable(og.Adapters.load) and callable(og.Adapters.unload)
+    assert callable(og.Generator.set_active_adapter)
+
+
 def is_diagram(lang: str, body: str) -> bool:
     return lang == "" and "─►" in body
 
@@ -212,6 +222,7 @@ CHECKS: list[tuple[Callable[[str, str], bool], Callable[..., None]]] = [
     (is_v2_config, check_v2_config),
     (is_decoding_chain, check_decoding_chain),
     (is_whisper_example, check_whisper_example),
+    (is_adapters_example, check_adapters_example),
     (is_diagram, check_diagram),
     (is_ray_snippet, check_ray_snippet),
     (is_ray_cluster, check_ray_cluster),

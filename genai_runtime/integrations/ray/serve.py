@@ -55,6 +55,7 @@ class OpenAIServer:
         batched: bool | None = None,
         prefix_reuse: bool = True,
         special_tokens_in_messages: bool = False,
+        adapters: dict[str, str] | None = None,
         created: int = 0,
     ):
         from ...server import DEFAULT_MAX_CONTEXT, _check_limits
@@ -73,7 +74,7 @@ class OpenAIServer:
         engine = start_engine(
             model_dir, threads=threads, device=device, max_active=max_active,
             max_queued=max_queued, max_context=max_context or DEFAULT_MAX_CONTEXT,
-            batched=batched, prefix_reuse=prefix_reuse,
+            batched=batched, prefix_reuse=prefix_reuse, adapters=adapters,
         )  # fmt: skip
         self.state = ServerState(
             served_name=served_name or Path(model_dir).resolve().name,
