@@ -1,12 +1,14 @@
 """README's Ray section stays true: its Python snippets build the Serve application and the batch
 predictor (run on one batch) without starting Ray (``ray.init`` is replaced by a refusal, which
 Ray's auto-init would hit too); the snippets marked "needs a running Ray cluster" at least
-compile. Also the ``serve --ray`` arguments that are refused before Ray starts."""
+compile. Also the ``serve --ray`` arguments that are refused before Ray starts, and a replica
+with LoRA adapters."""
 
 from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from conftest import REPO, require_shared
 
@@ -75,3 +77,38 @@ def test_serve_ray_refusals_come_before_ray_starts(smollm2_dir, capsys):
 def test_predictor_turns_a_missing_model_into_a_clear_error(tmp_path):
     with pytest.raises(GenaiRuntimeError, match="model folder not found"):
         BatchPredictor(str(tmp_path / "nope"))
+
+
+def test_a_replica_serves_lora_adapters(tmp_path):
+    """``OpenAIServer`` (built here as Serve builds each replica, without Ray) loads adapters as
+    ``genai-runtime serve --adapter`` does: ``base:adapter`` picks one, its greedy tokens are
+    the merged weights' (NumPy); a name with ':' is refused."""
+    from starlette.testclient import TestClient
+
+    from genai_runtime.integrations.ray import OpenAIServer
+    from genai_runtime.server.app import create_app
+    from tests import lora_models as lm
+
+    folder = lm.model_folder(tmp_path / "tiny", lm.base_weights())
+    lm.word_tokenizer(folder)
+    lm.write_adapter(folder / "a.onnx_adapter", lm.lora_weights(1))
+    with pytest.raises(GenaiRuntimeError, match="without ':'"):
+        OpenAIServer(str(folder), adapters={"x:y": str(folder / "a.onnx_adapter")})
+    replica = OpenAIServer(
+        str(folder), served_name="tiny", adapters={"a": str(folder / "a.onnx_adapter")}
+    )
+    try:
+        client = TestClient(create_app(replica.state))
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny", "tiny:a"]
+        prompt = [1, 5, 9, 3, 17]
+        body = {"model": "tiny:a", "prompt": prompt, "max_tokens": 4, "temperature": 0}
+        reply = client.post("/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        got = [int(t) for t in re.findall(r"w(\d+)", reply.json()["choices"][0]["text"])]
+        sequence = list(prompt)
+        for _ in got:
+            logits = lm.reference_logits(np.array(sequence), lm.base_weights(), lm.lora_weights(1))
+            sequence.append(int(logits[-1].argmax()))
+        assert got and got == sequence[len(prompt) :]
+    finally:
+        replica.state.engine.stop()
