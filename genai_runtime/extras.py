@@ -17,6 +17,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "gguf": ("gguf", "onnx", "tqdm", "safetensors"),
     "constrained": ("llguidance",),
     "server": ("starlette", "uvicorn"),
+    "ray": ("ray", "starlette", "uvicorn"),
 }
 
 

@@ -46,10 +46,36 @@ def add_parsers(sub: Any) -> None:
         "--adapter", action="append", type=_adapter, default=[], metavar="NAME=PATH",
         help="a LoRA adapter (.onnx_adapter) served as <served name>:NAME; repeatable",
     )  # fmt: skip
-    p.set_defaults(func=cmd_serve)
+    p.add_argument("--ray", action="store_true",
+                   help="run as a Ray Serve deployment (needs the ray extra)")  # fmt: skip
+    p.add_argument("--replicas", type=positive_int, metavar="N",
+                   help="with --ray: replicas, one model each (default 1)")  # fmt: skip
+    p.add_argument("--threads", type=positive_int, metavar="N",
+                   help="with --ray: threads (and CPUs) per replica (default 1)")  # fmt: skip
+    p.set_defaults(func=cmd_serve, check=_check)
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if not args.ray and (args.replicas is not None or args.threads is not None):
+        return "serve: --replicas and --threads are for --ray"
+    return None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    if args.ray:  # Ray Serve replicas of the same app (Ray's own logging; no --log-level)
+        require_extra("ray", "serve --ray")
+        from ..integrations.ray.serve import serve_until_interrupted
+
+        serve_until_interrupted(
+            model_path(args.model_dir), replicas=args.replicas or 1, threads=args.threads or 1,
+            host=args.host, port=args.port, api_key=args.api_key, insecure=args.insecure,
+            served_name=args.served_name, max_queued=args.max_queued,
+            max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
+            batched=False if args.interleave else None,
+            special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
+            adapters=dict(args.adapter),
+        )  # fmt: skip
+        return 0
     require_extra("server", "serve")
     from ..server import serve  # Starlette and uvicorn: the server extra, only when serving
 

@@ -166,6 +166,35 @@ def check_whisper_example(body: str, capsys) -> None:
     assert hasattr(og.Model, "create_multimodal_processor") and hasattr(og.Model, "transcribe")
 
 
+def is_ray_snippet(lang: str, body: str) -> bool:
+    return lang == "python" and ("integrations.ray import" in body or "ray.data.llm" in body)
+
+
+def check_ray_snippet(body: str, capsys) -> None:
+    """It compiles and names what genai_runtime.integrations.ray has; tests/integration/
+    test_ray_readme.py runs the ones that need no Ray cluster."""
+    compile(body, "README.md", "exec")
+    from genai_runtime.integrations import ray as integration
+
+    for names in re.findall(r"from genai_runtime\.integrations\.ray import (.+)", body):
+        for name in names.split(","):
+            assert hasattr(integration, name.strip()), name
+
+
+def is_ray_cluster(lang: str, body: str) -> bool:
+    return lang == "bash" and "ray start" in body
+
+
+def check_ray_cluster(body: str, capsys) -> None:
+    """Its genai-runtime command parses: every flag it shows is in ``serve --help``."""
+    joined = body.replace("\\\n", " ")
+    for command in command_lines(joined):
+        words = shlex.split(command, comments=True)
+        text = usage(capsys, words[1])
+        for flag in FLAG.findall(" ".join(words[2:])):
+            assert re.search(rf"(?<![\w-]){re.escape(flag)}\b", text), (command, flag)
+
+
 def is_adapters_example(lang: str, body: str) -> bool:
     return lang == "python" and "og.Adapters" in body
 
@@ -195,6 +224,8 @@ CHECKS: list[tuple[Callable[[str, str], bool], Callable[..., None]]] = [
     (is_whisper_example, check_whisper_example),
     (is_adapters_example, check_adapters_example),
     (is_diagram, check_diagram),
+    (is_ray_snippet, check_ray_snippet),
+    (is_ray_cluster, check_ray_cluster),
 ]
 
 
