@@ -14,6 +14,7 @@ from .config import load
 from .config.loader import deep_merge, parse_json_text
 from .config.spec import PipelineSpec, ProviderSpec, frozen_map
 from .errors import ConfigError, TrustError, UnsupportedError
+from .folder_hashes import verify_folder
 from .routing import Route, classify
 from .runtime.confirm import config_problems
 from .runtime.graph_io import SessionIO
@@ -118,9 +119,11 @@ class Model:
         trust_remote_code: bool = False,
         root: PathLike | None = None,
         turns: bool = False,
+        verify: bool = False,
     ):
         """``turns``: another model's sessions run between this one's on every token (a
-        speculative target beside its draft): thread pools then park after each run."""
+        speculative target beside its draft): thread pools then park after each run.
+        ``verify``: hash every file an import recorded and refuse the folder if one changed."""
         if not isinstance(config, Config | str | os.PathLike):
             raise ConfigError([f"Model(config): expected a Config or a path, got {shown(config)}"])
         if not isinstance(config, Config):
@@ -130,6 +133,8 @@ class Model:
         self.spec: PipelineSpec = spec
         self.route: Route = classify(spec)
         self.model_dir: Path = spec.model_dir or config.path
+        if verify:
+            verify_folder(self.model_dir, full=True)
         if spec.plugin is not None and not trust_remote_code:
             where = spec.plugin.library or spec.plugin.module
             raise TrustError(

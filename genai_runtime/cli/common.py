@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 # CLI flag -> onnxruntime-genai search option, for run / chat.
@@ -86,11 +87,18 @@ def search_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def load_model(model_dir: str, trust: bool = False) -> tuple[Any, Any]:
-    """The model and its tokenizer, from a folder or the name of a pulled model."""
+def load_model(model_dir: str, trust: bool = False, verify: bool = False) -> tuple[Any, Any]:
+    """The model and its tokenizer, from a folder or the name of a pulled model.
+
+    A folder an import wrote is first checked against the file hashes it recorded: sizes and
+    modification times (a changed file is hashed), or every file's hash with ``verify``."""
+    from ..folder_hashes import verify_folder
     from ..importer.cache import resolve_model_dir
     from ..model import Model
     from ..tokenizer import Tokenizer
 
-    model = Model(resolve_model_dir(model_dir), trust_remote_code=trust)
+    path = Path(resolve_model_dir(model_dir))
+    if path.is_dir() or path.is_file():  # else Model names what is wrong with the path
+        verify_folder(path if path.is_dir() else path.parent, full=verify)
+    model = Model(path, trust_remote_code=trust)
     return model, Tokenizer(model)

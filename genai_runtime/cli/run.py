@@ -31,6 +31,11 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("run", help="generate text for one prompt, streamed")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     add_trust_arg(p)
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every file an import recorded (default: size and mtime) before running",
+    )
     p.add_argument("-p", "--prompt", help="prompt text (required unless --audio)")
     p.add_argument(
         "--audio",
@@ -92,7 +97,7 @@ def _check_run(args: argparse.Namespace) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model(args.model_dir, args.trust_remote_code)
+    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.verify)
     if args.audio is not None and args.prompt is None:
         args.prompt = TRANSCRIBE_PROMPT
     if args.chat or args.system is not None:

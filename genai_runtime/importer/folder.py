@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GenaiRuntimeError, UnsupportedError
+from ..folder_hashes import REPORT_FILE, record_files
+from .destination import check_destination
 from .gemma3_graph import build_gemma3_decoder, genai_config_extras
 from .gguf_file import GGUFModel, Hyper, Vocab
 from .graph import DTYPES, build_decoder
@@ -26,7 +28,6 @@ from .tokenizer_json import tokenizer_config, tokenizer_json
 # --cache value -> whether one preallocated buffer is read and written in place.
 CACHE_LAYOUTS: dict[str, bool] = {"share-buffer": True, "concat": False, "static-scatter": False}
 DEFAULT_MAX_SEQ_LEN = 2048  # static-scatter: the caches are allocated whole, so not 8k+
-REPORT_FILE = "gguf_import.json"
 # MatMulNBits accuracy_level: 0 keeps fp32 activations (greedy tokens equal the fp32 import's);
 # 4 quantises them to int8 per block at run time, as the reference builder does for CPU: ~3.5x
 # faster kernels on onnxruntime 1.31, but greedy text departs from the exact weights' on most
@@ -157,8 +158,7 @@ def import_gguf(
             f"--max-seq-len {max_seq_len}: a positive length, and only with --cache static-scatter"
         )
     out = Path(out_dir)
-    if out.exists() and not force:
-        raise GenaiRuntimeError(f"{out} already exists; pass --force to replace it")
+    check_destination(Path(gguf_path), out, force=force, report_file=REPORT_FILE)
     start = time.perf_counter()
     model = GGUFModel(gguf_path)
     static = None
@@ -216,6 +216,7 @@ def import_gguf(
         }
         for name, doc in files.items():
             (tmp / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", "utf-8")
+        record_files(tmp, REPORT_FILE)  # what `pull` and `run` check the folder against
         _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

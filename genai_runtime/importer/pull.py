@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DownloadError, UnsupportedError
+from ..errors import DownloadError, ModelError, UnsupportedError
+from ..folder_hashes import changed_files
 from .cache import cache_root
 
 _CHUNK = 1 << 20
@@ -212,17 +213,29 @@ def pull(
     accuracy_level: int = 0,
     max_seq_len: int | None = None,
     force: bool = False,
+    verify: bool = False,
     quiet: bool = False,
     source: Source | None = None,
     progress_factory=None,
     on_tensor: Callable[[str, int], None] | None = None,
 ) -> tuple[Path, bool]:
-    """Make ``<cache>/NAME`` a model folder; returns (folder, whether it was imported now)."""
+    """Make ``<cache>/NAME`` a model folder; returns (folder, whether it was imported now).
+
+    A folder already there is checked against the hashes its import recorded (size and mtime;
+    every byte with ``verify``) and imported again when it changed."""
     src = source or source_for(name)
     root = cache_root(cache_dir)
     out = root / name
     if (out / "genai_config.json").is_file() and not force:
-        return out, False
+        try:
+            changed = changed_files(out, full=verify)
+        except ModelError as exc:  # an unreadable record: import again as well
+            changed = [str(exc)]
+        if not changed:
+            return out, False
+        if not quiet:
+            print(f"{out} changed since its import ({'; '.join(changed[:3])}): importing it "
+                  "again", file=sys.stderr)  # fmt: skip
     from .folder import import_gguf
 
     gguf = fetch_gguf(src, root, quiet=quiet, progress_factory=progress_factory)
