@@ -42,7 +42,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check = check_graphs(spec)
         for warning in check.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        errors = check.errors + folder_problems(spec.model_dir, spec.tokens)
+        errors = check.errors + folder_problems(spec.model_dir, spec.tokens, spec.root)
         if errors:
             for error in errors:
                 print(f"error: {error}", file=sys.stderr)

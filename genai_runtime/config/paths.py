@@ -18,6 +18,13 @@ CODE_KEYS = ("custom_ops_library", "library")
 _MAX_NAME_CHARS = 200  # longer names are quoted cut short in messages
 
 
+def folder_file(model_dir: Path, name: str, root: Path | None = None) -> Path:
+    """``model_dir / name``, a file the folder supplies, to open: refused (``PathEscapeError``)
+    when its resolved path (symlinks followed) leaves ``root`` (default: the folder itself)."""
+    resolve_inside(model_dir, name, root, name)
+    return model_dir / name
+
+
 def resolve_inside(model_dir: Path, name: str, root: Path | None, where: str) -> Path:
     """``model_dir / name`` if it stays inside ``root``; else a PathEscapeError naming ``where``."""
     problem = path_problem(model_dir, name, root, where)
