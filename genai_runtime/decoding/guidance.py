@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config.bounded import LimitError, check_depth
+from ..config.paths import folder_file
 from ..errors import GenerationError, UnsupportedError
 from .processors import LOWEST
 
@@ -30,6 +32,9 @@ GUIDANCE_KINDS = ("json_schema", "regex", "lark_grammar")
 # _BANNED_BITS[byte, i]: bit i (little-endian) of ``byte`` is clear, i.e. that token is banned.
 _BANNED_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1) == 0
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON nesting of a schema (two levels per nested "properties"): jsonschema's own check
+# recurses past Python's limit near 200; real schemas stay far below this.
+MAX_SCHEMA_DEPTH = 100
 
 
 def _llguidance() -> Any:
@@ -57,6 +62,7 @@ def load_tokenizer(tokenizer_json: Path, vocab_size: int, eos_token_ids: Sequenc
     """llguidance's view of ``tokenizer.json`` (cached per file, size and modification time)."""
     if not tokenizer_json.is_file():
         raise GenerationError(f"constrained decoding needs {tokenizer_json}, which is missing")
+    folder_file(tokenizer_json.parent, tokenizer_json.name)  # no symlink out of the folder
     st = tokenizer_json.stat()
     eos = tuple(int(e) for e in eos_token_ids if 0 <= e < vocab_size)
     return _tokenizer(str(tokenizer_json), (st.st_size, st.st_mtime_ns), vocab_size, eos)
@@ -74,15 +80,22 @@ def grammar_source(kind: str, data: Any, *, where: str = "guidance") -> str:
         raise GenerationError(f"{where}: unknown guidance type {kind!r} (expected: {expected})")
     if kind == "json_schema":
         schema = data
+        deep = f"{where}: json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels"
         if isinstance(data, (str, bytes)):
             try:
                 schema = json.loads(data)
+            except RecursionError:
+                raise GenerationError(deep) from None
             except ValueError as error:
                 raise GenerationError(f"{where}: json_schema is not valid JSON: {error}") from None
         if not isinstance(schema, (dict, bool)):
             raise GenerationError(
                 f"{where}: json_schema must be a JSON object, got {type(schema).__name__}"
             )
+        try:  # the validators and llguidance recurse per level: refuse deep ones up front
+            check_depth(schema, MAX_SCHEMA_DEPTH)
+        except LimitError:
+            raise GenerationError(deep) from None
         import jsonschema
 
         try:
