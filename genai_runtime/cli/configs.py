@@ -61,7 +61,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     report = explain_spec(
         spec,
         plan=plan,
-        source=str(find_config_file(args.path)),
+        source=str(find_config_file(args.path, spec.root)),
         version=spec.source_version,
         graph_note=note,
     )

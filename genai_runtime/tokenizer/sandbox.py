@@ -52,7 +52,7 @@ class _Meter:
         if self.spent > self.budget:
             raise TemplateLimitError(
                 f"the template did more work than its budget ({self.budget} characters and loop "
-                "iterations, 64 times the size limit)"
+                f"iterations, {BUDGET_FACTOR} times the size limit)"
             )
 
 

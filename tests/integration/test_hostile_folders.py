@@ -19,7 +19,6 @@ import genai_runtime as og
 from genai_runtime.cli import main
 from genai_runtime.config import load, migrate_document
 from genai_runtime.errors import ConfigError, GenerationError, PathEscapeError, TokenizerError
-from genai_runtime.tokenizer import sandbox
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
@@ -155,17 +154,23 @@ HOSTILE_TEMPLATES = {
     "batch": "{{ [1]|batch(10**9, 0)|list|length }}",
     "indent": "{% set s = 'a\n' * 100000 %}{{ s|indent(100000)|length }}",
     "output": "{% for i in range(100000) %}{{ messages }}{% endfor %}",
-    "lipsum": "{{ lipsum(10**7) }}",
 }
 
 
 @pytest.mark.parametrize("template", HOSTILE_TEMPLATES.values(), ids=HOSTILE_TEMPLATES.keys())
 def test_operations_on_huge_operands_are_refused(tokenizer, template):
-    with pytest.raises(TokenizerError, match=r"chat template (refused|failed)"):
+    with pytest.raises(TokenizerError, match=r"chat template refused"):
         _render(tokenizer, template)
 
 
+def test_lipsum_is_not_offered(tokenizer):
+    with pytest.raises(TokenizerError, match="'lipsum' is undefined"):
+        _render(tokenizer, "{{ lipsum(10**7) }}")
+
+
 def test_nested_loops_end_at_the_work_budget(tokenizer, monkeypatch):
+    from genai_runtime.tokenizer import sandbox
+
     monkeypatch.setattr(sandbox, "BASE_CHARS", 1 << 12)  # a small budget keeps this quick
     loops = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     with pytest.raises(TokenizerError, match="more work than its budget"):

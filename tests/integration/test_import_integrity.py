@@ -14,7 +14,6 @@ import pytest
 import genai_runtime as og
 from genai_runtime.cli import main
 from genai_runtime.errors import GenaiRuntimeError, ModelError
-from genai_runtime.folder_hashes import changed_files, verify_folder
 from genai_runtime.importer import import_gguf
 from genai_runtime.importer.pull import Source, pull
 
@@ -28,6 +27,12 @@ def tiny(tmp_path_factory) -> Path:
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def changed_files(folder: Path, full: bool = False) -> list[str]:
+    from genai_runtime.folder_hashes import changed_files  # (imported here: new in issue 23)
+
+    return changed_files(folder, full=full)
 
 
 def _corrupt(file: Path, keep_mtime: bool = False) -> None:
@@ -100,6 +105,8 @@ def test_import_records_every_file_and_run_refuses_a_corrupted_one(tiny, tmp_pat
     assert changed_files(out, full=True) == []
 
     _corrupt(out / "model.onnx.data")
+    from genai_runtime.folder_hashes import verify_folder
+
     with pytest.raises(ModelError, match=r"onnx\.data: sha256 [0-9a-f]{64}, [0-9a-f]{64} rec"):
         verify_folder(out)  # the quick check: its mtime changed, so it is hashed
     assert main(["run", str(out), "-p", " the", "--max-new-tokens", "2"]) == 1
