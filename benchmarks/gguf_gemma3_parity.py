@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 import genai_runtime as og  # noqa: E402
 from genai_runtime.importer import import_gguf  # noqa: E402
 from genai_runtime.importer.cache import cache_root  # noqa: E402
-from genai_runtime.importer.pull import SOURCES  # noqa: E402
+from genai_runtime.importer.catalogue import SOURCES  # noqa: E402
 
 LONG = (
     "The history of the city begins with a small settlement on the river, where traders met "

@@ -89,18 +89,29 @@ def _genai_callables(
     prompt_ids: list[int],
     threads: int | None = None,
     overlay: str | None = None,
+    device: str | None = None,
+    batch: int = 1,
 ) -> tuple[Any, Callable]:
-    """Load an onnxruntime-genai-compatible module's model; return it and a runner factory."""
+    """Load an onnxruntime-genai-compatible module's model; return it and a runner factory.
+
+    ``device`` (``cuda``, ``cuda:1``, ...) selects the execution provider on both sides through
+    the API they share; ``batch`` decodes that many copies of the prompt together."""
     import numpy as np
 
     config = og.Config(model_dir)
     if threads is not None:  # the same genai_config overlay on both sides
         options = {"session_options": {"intra_op_num_threads": threads}}
         config.overlay(json.dumps({"model": {"decoder": options}}))
-    if overlay:  # a candidate setting, measured alone (ours only)
+    if device:
+        name, _, index = device.partition(":")
+        config.clear_providers()
+        config.append_provider(name)
+        if index:
+            config.set_provider_option(name, "device_id", index)
+    if overlay:  # a candidate setting, measured alone (one side only)
         config.overlay(overlay)
     model = og.Model(config)
-    prompt = np.asarray(prompt_ids, dtype=np.int32)
+    prompt = np.repeat(np.asarray(prompt_ids, dtype=np.int32)[None, :], batch, axis=0)
 
     def runner(new_tokens: int) -> Timing:
         length = len(prompt_ids) + new_tokens
@@ -108,7 +119,9 @@ def _genai_callables(
         def make() -> Any:
             params = og.GeneratorParams(model)
             # min_length == max_length masks EOS until the end: exactly N tokens, both sides.
-            params.set_search_options(do_sample=False, max_length=length, min_length=length)
+            params.set_search_options(
+                do_sample=False, max_length=length, min_length=length, batch_size=batch
+            )
             return og.Generator(model, params)
 
         return _time_generation(
@@ -179,6 +192,9 @@ def run_worker(
     warmup: int,
     threads: int | None = None,
     overlay: str | None = None,
+    device: str | None = None,
+    batch: int = 1,
+    reference_overlay: str | None = None,
 ) -> dict[str, Any]:
     """Load, warm up, time ``timed`` generations; return medians and peak RSS."""
     t0 = time.perf_counter()
@@ -186,11 +202,13 @@ def run_worker(
     if side == "ours":
         import genai_runtime as og
 
-        _, runner = _genai_callables(og, model_dir, prompt_ids, threads, overlay)
+        _, runner = _genai_callables(og, model_dir, prompt_ids, threads, overlay, device, batch)
     elif side == "reference":
         import onnxruntime_genai as og
 
-        _, runner = _genai_callables(og, model_dir, prompt_ids, threads)
+        _, runner = _genai_callables(
+            og, model_dir, prompt_ids, threads, reference_overlay, device, batch
+        )
     elif side == "bare":
         _, runner = _bare_callables(model_dir, prompt_ids, threads)
     else:
@@ -271,6 +289,12 @@ def spawn(side: str, args: argparse.Namespace, ids_json: str) -> dict[str, Any]:
         cmd += ["--threads", str(args.threads)]
     if args.ours_overlay and side == "ours":
         cmd += ["--ours-overlay", args.ours_overlay]
+    if args.reference_overlay and side == "reference":
+        cmd += ["--reference-overlay", args.reference_overlay]
+    if args.device:
+        cmd += ["--device", args.device]
+    if args.batch != 1:
+        cmd += ["--batch", str(args.batch)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
@@ -501,6 +525,17 @@ def main(argv: list[str] | None = None) -> None:
         help="genai_config JSON overlaid on ours only: measure one candidate setting alone",
     )
     parser.add_argument(
+        "--reference-overlay",
+        help="genai_config JSON overlaid on the reference only (e.g. its CUDA graph setting)",
+    )
+    parser.add_argument(
+        "--device",
+        help="execution provider for both sides: cuda, cuda:N, ... (default: the folder's)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=1, help="copies of the prompt decoded together"
+    )
+    parser.add_argument(
         "--table",
         action="store_true",
         help="README table: 1 and 2 threads on the int4 and fp32 SmolLM2 (ratios only)",
@@ -520,7 +555,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--worker needs --prompt-ids")
         result = run_worker(
             args.worker, args.model_dir, json.loads(args.prompt_ids), args.new_tokens,
-            args.timed, args.warmup_tokens, args.threads, args.ours_overlay,
+            args.timed, args.warmup_tokens, args.threads, args.ours_overlay, args.device,
+            args.batch, args.reference_overlay,
         )  # fmt: skip
         print(json.dumps(result))
     elif args.table:

@@ -41,6 +41,11 @@ class ConfigError(GenaiRuntimeError):
             text = f"{head} ({len(self.problems)} problems):\n{lines}"
         super().__init__(text)
 
+    @classmethod
+    def at(cls, path: str, message: str, source: str | None = None) -> ConfigError:
+        """One problem at one JSON path: ``raise ConfigError.at("generation.top_p", "...")``."""
+        return cls([ConfigProblem(path, message)], source)
+
 
 class PathEscapeError(ConfigError):
     """A filename in a config points outside its model folder."""

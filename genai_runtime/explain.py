@@ -11,11 +11,15 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .config.spec import PHASES, GenerationSpec, PipelineSpec
+from .decoding.chain import make_picker
 from .errors import GenaiRuntimeError
-from .kv import plan_cache
+from .kv.planning import device_obstacle
 from .routing import classify
+from .runtime.pipeline import LoadedPipeline
 from .runtime.plan import Plan
+from .session.device import HOST, Device
+from .spec import PHASES, GenerationSpec, PipelineSpec
+from .speculative import tree_note
 
 __all__ = ["explain_model", "explain_spec", "format_report"]
 
@@ -28,7 +32,7 @@ _LAYOUT_SHAPES = {
 
 def explain_model(model: Any, *, source: str | None = None, version: int | None = None) -> dict:
     """The report for a loaded ``Model`` (config plus what its graphs declare)."""
-    report = explain_spec(model.spec, plan=model.plan, source=source, version=version)
+    report = explain_spec(model.spec, pipeline=model.pipeline, source=source, version=version)
     speculative = getattr(model, "speculative", None)
     if speculative is not None:  # what the strategy resolved to against the graphs
         report["speculative"] = speculative.describe()
@@ -41,15 +45,17 @@ def explain_model(model: Any, *, source: str | None = None, version: int | None 
 def explain_spec(
     spec: PipelineSpec,
     *,
-    plan: Plan | None = None,
+    pipeline: LoadedPipeline | None = None,
     source: str | None = None,
     version: int | None = None,
     graph_note: str | None = None,
 ) -> dict[str, Any]:
-    """The report for a spec; ``plan`` adds stage inputs and the detected KV cache.
+    """The report for a spec; ``pipeline`` (its graphs loaded) adds stage inputs and the
+    detected KV cache.
 
-    ``graph_note`` says why the graphs were not inspected (shown when ``plan`` is None).
+    ``graph_note`` says why the graphs were not inspected (shown when ``pipeline`` is None).
     """
+    plan = None if pipeline is None else pipeline.plan
     route = classify(spec)
     report: dict[str, Any] = {
         "source": source,
@@ -69,16 +75,14 @@ def explain_spec(
         "notes": list(spec.metadata.get("translation_notes", ())),
         "graphs": None,
     }
-    if plan is not None:
-        from .decoding.speculative import tree_note
-
-        note = tree_note(spec, plan)
+    if pipeline is not None:
+        note = tree_note(pipeline)
         if note:
             report["speculative"] = [note]
         report["graphs"] = {
-            "stages": [_stage(stage) for stage in plan.stages],
+            "stages": [_stage(stage, pipeline) for stage in plan.stages],
             "vocab_size": plan.vocab_size,
-            "kv_cache": _kv(spec, plan),
+            "kv_cache": _kv(pipeline),
             "cross_cache": None
             if plan.cross is None
             else {"source": plan.cross.source, "tensors": len(plan.cross.pairs)},
@@ -106,11 +110,9 @@ def generation_changes(generation: GenerationSpec) -> dict[str, Any]:
 
 def decoding_chain(spec: PipelineSpec, plan: Plan | None = None) -> list[str]:
     """The logits ops and the terminal, in the order they will run for this config."""
-    from .decoding.chain import make_decoder
-
     vocab = (plan.vocab_size if plan is not None else None) or spec.model.vocab_size
     try:
-        decoder = make_decoder(
+        decoder = make_picker(
             spec.generation, eos_token_ids=spec.tokens.eos, vocab_size=vocab or 2**31 - 1
         )
     except GenaiRuntimeError as error:
@@ -191,7 +193,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _stage(stage: Any) -> dict[str, Any]:
+def _stage(stage: Any, pipeline: LoadedPipeline) -> dict[str, Any]:
     inputs = []
     for feed in stage.feeds:
         entry: dict[str, Any] = {
@@ -209,14 +211,15 @@ def _stage(stage: Any) -> dict[str, Any]:
         "session": stage.name,
         "file": stage.io.file,
         "phase": stage.step.when,
+        "device": str(Device.of(pipeline.sessions[stage.name])),
         "inputs": inputs,
         "logits": stage.logits.name if stage.logits is not None else None,
         "wire_outputs": list(stage.wire_outputs),
     }
 
 
-def _kv(spec: PipelineSpec, plan: Plan) -> dict[str, Any] | None:
-    layout = plan.layout
+def _kv(pipeline: LoadedPipeline) -> dict[str, Any] | None:
+    layout = pipeline.plan.layout
     if layout is None:
         return None
     out: dict[str, Any] = {
@@ -235,10 +238,13 @@ def _kv(spec: PipelineSpec, plan: Plan) -> dict[str, Any] | None:
         "window": layout.window,
         "window_layers": list(layout.window_layers),
     }
-    share_buffer = spec.generation.past_present_share_buffer
+    devices = {Device.of(pipeline.sessions[s.name]) for s in pipeline.plan.stages if s.layout}
+    device = devices.pop() if len(devices) == 1 else HOST
+    out["device"] = str(device)
     try:
-        kv_plan = plan_cache(layout, spec.state.kv_cache, share_buffer)
+        kv_plan = pipeline.kv_plan()
         out["kind"], out["reason"] = kv_plan.kind, kv_plan.reason
+        out["device_obstacle"] = device_obstacle(kv_plan.kind, device)
     except GenaiRuntimeError as exc:  # the layout is real even when no cache kind handles it
         out["kind"], out["reason"] = None, str(exc)
     return out
@@ -300,7 +306,8 @@ def format_report(report: Mapping[str, Any]) -> str:
 
     add("stages:")
     for stage in graphs["stages"]:
-        add(f"  {stage['session']} ({stage['file']}, {stage['phase']}):")
+        where = f", on {stage['device']}" if stage.get("device") else ""
+        add(f"  {stage['session']} ({stage['file']}, {stage['phase']}{where}):")
         kv = [i for i in stage["inputs"] if i["source"] == "kv"]
         cross = [i for i in stage["inputs"] if i["source"] == "cross"]
         rows = [
@@ -343,6 +350,11 @@ def format_report(report: Mapping[str, Any]) -> str:
             add(f"  window:    {kv['window']} tokens on layers {which}")
         kind = kv["kind"] or "unavailable"
         add(f"  kind:      {kind} ({kv['reason']})")
+        if kv.get("device"):
+            held = "buffers bound once as past and present" if kv["device"] != "cpu" else "host"
+            add(f"  lives on:  {kv['device']} ({held})")
+        if kv.get("device_obstacle"):
+            add(f"  device:    {kv['device_obstacle']}")
     return "\n".join(lines) + "\n"
 
 

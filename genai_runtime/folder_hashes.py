@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .config.bounded import CONFIG_LIMITS, LimitError, clip_text, load_json, read_bounded
-from .config.paths import path_problem
 from .errors import ModelError
+from .folder_paths import path_problem
 
 REPORT_FILE = "gguf_import.json"
 RECORD_KEY = "files"

@@ -10,56 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
+from collections import deque
 from typing import Any
 
 import numpy as np
 
-from .config.spec import GenerationSpec
-from .decoding.chain import make_decoder
+from .checks import is_number
+from .decoding.chain import make_picker
 from .decoding.sampling import make_rng
 from .environment import LOG, log
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
-from .kv import plan_cache
 from .model import Model
-from .runtime.executor import Executor
+from .runtime.driver import DecodeState, DriverSetup
 from .runtime.plan import logits_problem
+from .spec import SEARCH_OPTIONS, GenerationSpec, SearchOption
 from .validation import as_array, as_index, as_name, serialized, shown
-
-# onnxruntime-genai's search options (+ min_p), with the type each takes.
-SEARCH_OPTIONS: dict[str, type] = {
-    "batch_size": int,
-    "chunk_size": int,
-    "diversity_penalty": float,
-    "do_sample": bool,
-    "early_stopping": bool,
-    "length_penalty": float,
-    "max_length": int,
-    "min_length": int,
-    "min_p": float,
-    "no_repeat_ngram_size": int,
-    "num_beams": int,
-    "num_return_sequences": int,
-    "past_present_share_buffer": bool,
-    "random_seed": int,
-    "repetition_penalty": float,
-    "temperature": float,
-    "top_k": int,
-    "top_p": float,
-}
-_RANGES = {
-    "batch_size": (1, None),
-    "chunk_size": (0, None),
-    "max_length": (1, None),
-    "min_length": (0, None),
-    "min_p": (0.0, 1.0),
-    "no_repeat_ngram_size": (0, None),
-    "num_beams": (1, None),
-    "num_return_sequences": (1, None),
-    "temperature": (0.0, None),
-    "top_k": (0, None),
-    "top_p": (0.0, 1.0),
-}
 
 
 class GeneratorParams:
@@ -83,32 +48,33 @@ class GeneratorParams:
     def set_search_options(self, **options: Any) -> None:
         values = {}
         for key, value in options.items():
-            if key not in SEARCH_OPTIONS:
+            option = SEARCH_OPTIONS.get(key)
+            if option is None:
                 raise GenerationError(
                     f"unknown search option {key!r} (expected one of: {', '.join(SEARCH_OPTIONS)})"
                 )
-            values[key] = _coerce(key, value)
+            values[key] = _coerce(option, value)
         self.search = dataclasses.replace(self.search, **values)
 
     def get_search_options(self) -> dict[str, Any]:
         """As the reference returns them: numbers as floats, flags as bools."""
         out = {}
-        for key, kind in SEARCH_OPTIONS.items():
+        for key, option in SEARCH_OPTIONS.items():
             value = getattr(self.search, key)
-            out[key] = value if kind is bool else float(value)
+            out[key] = value if option.kind is bool else float(value)
         return out
 
     def try_graph_capture_with_max_batch_size(self, max_batch_size: int) -> None:
         """Accepted for compatibility (deprecated in the reference); CPU has no graph capture."""
 
 
-def _coerce(key: str, value: Any) -> Any:
-    kind = SEARCH_OPTIONS[key]
+def _coerce(option: SearchOption, value: Any) -> Any:
+    key, kind = option.name, option.kind
     if kind is bool:
         if isinstance(value, (bool, np.bool_)) or value in (0, 1):
             return bool(value)
         raise GenerationError(f"search option {key}: expected a bool, got {shown(value)}")
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_number(value):
         raise GenerationError(f"search option {key}: expected a number, got {shown(value)}")
     if not math.isfinite(value):
         raise GenerationError(f"search option {key}: expected a finite number, got {value!r}")
@@ -120,7 +86,7 @@ def _coerce(key: str, value: Any) -> Any:
             raise GenerationError(f"search option {key}: {value} does not fit in an int32")
     else:
         value = float(value)
-    low, high = _RANGES.get(key, (None, None))
+    low, high = option.low, option.high
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise GenerationError(f"search option {key}: expected a value {bounds}, got {value!r}")
@@ -166,25 +132,16 @@ class Generator:
         # A vocabulary-sized lookup: one index per token instead of np.isin per step.
         self._is_eos = np.zeros(max(vocab, *(int(e) + 1 for e in spec.tokens.eos), 1), bool)
         self._is_eos[[e for e in spec.tokens.eos if e >= 0]] = True
-        layout = model.plan.layout
-        kv_plan = None
-        if layout is not None:
-            kv_plan = plan_cache(layout, spec.state.kv_cache, search.past_present_share_buffer)
-        self.kv_plan = kv_plan
+        pipeline = model.pipeline
+        self.kv_plan = pipeline.kv_plan(search.past_present_share_buffer)
         # Built first: a bad chain or grammar fails before the executor allocates its buffers.
-        self._decoder = make_decoder(
+        self._picker = make_picker(
             search, eos_token_ids=spec.tokens.eos, vocab_size=vocab, batch_size=self.batch_size,
             guidance=params.guidance,
             tokenizer_json=None if spec.model_dir is None else spec.model_dir / "tokenizer.json",
         )  # fmt: skip
-        self._exec = Executor(
-            model.plan,
-            model.sessions,
-            kv_plan,
-            batch_size=self.batch_size,
-            max_length=self.max_length,
-            pad_token_id=spec.tokens.pad,
-            tokens=spec.tokens,
+        self._exec = pipeline.executor(
+            self.batch_size, self.max_length, share_buffer=search.past_present_share_buffer
         )
         self._rng = make_rng(search.random_seed)
         try:
@@ -203,10 +160,17 @@ class Generator:
         self._done = False
         # Speculative decoding or a controller plugin: tokens come in rounds, handed out singly.
         self._driver = None
-        if getattr(model, "controller", None) or getattr(model, "speculative", None):
-            from .decoding.speculative import make_driver
-
-            self._driver = make_driver(self, model)
+        self._queue: deque[int] = deque()  # a round's tokens not handed out yet
+        if model.driver_factory is not None:
+            if self.batch_size != 1:
+                raise UnsupportedError(
+                    f"{model.driver_kind} decodes one sequence at a time; batch_size is "
+                    f"{self.batch_size}"
+                )
+            self._driver = model.driver_factory(
+                DriverSetup(self._exec, self._picker, self._rng, self.batch_size,
+                            self.max_length, vocab)
+            )  # fmt: skip
 
     # -- the reference API -----------------------------------------------------------------
 
@@ -226,7 +190,7 @@ class Generator:
         self._logits = self._forward(feed)
         self._seq[:, self._length : self._length + n] = new
         self._length += n
-        self._decoder.start(self._length)
+        self._picker.start(self._length)
         self._pending = None
         self._eos_seen[:] = False
         self._any_eos = False
@@ -247,16 +211,28 @@ class Generator:
             self._next[:] = self.pad_token_id  # every row has ended: pad, as the reference does
             return
         if self._driver is not None:
-            return self._driver.generate_next_token()
+            return self._next_from_driver()
         if self._logits is None:
             self._logits = self._forward(self._pending)
             self._pending = None
-        tokens = self._decoder(self._seq[:, : self._length], self._logits, self._rng)
+        tokens = self._picker.pick(self._seq[:, : self._length], self._logits, self._rng)
         if self._any_eos:
             tokens[self._eos_seen] = self.pad_token_id
-        hit = self._is_eos[tokens]
         # A finished grammar ends its row like EOS, but its last token is content, not EOS.
-        complete = self._decoder.commit(tokens, self._eos_seen if self._any_eos else None)
+        complete = self._picker.commit(tokens, self._eos_seen if self._any_eos else None)
+        self._logits = None
+        if self._emit(tokens, complete):
+            # Logits set by hand skip a forward pass: earlier unrun tokens then run with this one.
+            step = tokens[:, None]
+            self._pending = step if self._pending is None else np.hstack([self._pending, step])
+        if self._done:
+            self._exec.finish()  # final-phase stages, once; their outputs via get_output()
+
+    def _emit(self, tokens: np.ndarray, complete: np.ndarray | None = None) -> bool:
+        """The one place a chosen token is handed out: EOS per row, max_length and "done".
+        Returns whether the tokens were appended (the step that ends the last row is not); the
+        caller runs the final stages once its books are square."""
+        hit = self._is_eos[tokens]
         content_end = False
         if complete is not None:
             content_end = bool((complete & ~hit & ~self._eos_seen).any())
@@ -265,7 +241,6 @@ class Generator:
             self._eos_seen |= hit
             self._any_eos = True
         self._next[:] = tokens
-        self._logits = None
         if LOG.enabled:
             self._log_step(hit)
         all_ended = self._any_eos and bool(self._eos_seen.all())
@@ -273,16 +248,28 @@ class Generator:
             # As the reference: the EOS step that ends the last row is reported by
             # get_next_tokens but not appended, and never runs (token_count excludes it).
             self._done = True
-            self._exec.finish()
-            return
+            return False
         self._seq[:, self._length] = tokens
         self._length += 1
-        # Logits set by hand skip a forward pass: earlier unrun tokens then run with this one.
-        step = tokens[:, None]
-        self._pending = step if self._pending is None else np.hstack([self._pending, step])
         self._done = all_ended or self._length >= self.max_length
+        return True
+
+    def _next_from_driver(self) -> None:
+        """Hand out the next token of the driver's current round (running a round if none is
+        left); the executor may have run ahead, so the books are squared when a round ends."""
+        if not self._queue:
+            state = DecodeState(
+                self._seq[0], self._length, None if self._logits is None else self._logits[0],
+                self._exec, self._picker, self._rng, self._is_eos,
+            )  # fmt: skip
+            self._queue.extend(self._driver.round(state))
+            self._logits = None
+            self._pending = None
+        appended = self._emit(np.array([self._queue.popleft()], np.int32))
+        if not appended or self._done or not self._queue:
+            self._sync()
         if self._done:
-            self._exec.finish()  # final-phase stages, once; their outputs via get_output()
+            self._exec.finish()
 
     def is_done(self) -> bool:
         return self._logits is None and self._done
@@ -345,7 +332,7 @@ class Generator:
             self._exec.rewind_to(length - 1)
             self._pending = self._seq[:, length - 1 : length].copy()
         self._length = length
-        self._decoder.rewind(self._seq[:, :length])
+        self._picker.rewind(self._seq[:, :length])
         self._logits = None
         # As the reference: EOS ids in the kept prefix (a chat prompt holds some) end nothing.
         self._eos_seen[:] = False
@@ -389,10 +376,10 @@ class Generator:
 
     def get_speculative_stats(self) -> dict[str, float]:
         """Drafted and accepted token counts of speculative decoding (not in the reference)."""
-        stats = getattr(self._driver, "stats", None)
+        stats = None if self._driver is None else self._driver.stats()
         if stats is None:
             raise GenerationError("this generator does not decode speculatively")
-        return stats()
+        return stats
 
     # -- conveniences ----------------------------------------------------------------------
 
@@ -421,8 +408,18 @@ class Generator:
             log("hit_max_length", f"sequence reached max_length {self.max_length}")
 
     def _sync(self) -> None:
-        if self._driver is not None:  # drop tokens drafted but not handed out yet
-            self._driver.sync()
+        """Drop a driver's tokens not handed out yet and square the books with its executor:
+        every token before the pending ones has run, and no run token is past the sequence."""
+        if self._driver is None:
+            return
+        self._queue.clear()
+        length, ran = self._length, self._exec.length
+        if ran >= length and not (self._logits is not None and ran == length):
+            ran = max(length - 1, 0)
+            self._exec.rewind_to(ran)
+            self._logits = None
+            self._driver.on_rewind(ran)
+        self._pending = self._seq[:, ran:length].copy() if ran < length else None
 
     def _as_batch(self, tokens: Any) -> np.ndarray:
         array = as_array(tokens, "append_tokens(tokens)")
@@ -455,8 +452,8 @@ class Generator:
         start = self._exec.length
         try:
             if chunk and tokens.shape[1] > chunk and self.batch_size == 1:
-                for start in range(0, tokens.shape[1], chunk):
-                    logits = self._exec.forward(tokens[:, start : start + chunk])
+                for first in range(0, tokens.shape[1], chunk):
+                    logits = self._exec.forward(tokens[:, first : first + chunk])
                 return logits
             return self._exec.forward(tokens)
         except Exception as exc:

@@ -12,14 +12,17 @@ import onnxruntime as ort
 
 from .config import load
 from .config.loader import deep_merge, parse_json_text
-from .config.spec import PipelineSpec, ProviderSpec, frozen_map
 from .errors import ConfigError, TrustError, UnsupportedError
 from .folder_hashes import verify_folder
+from .plugins import load_controller
 from .routing import Route, classify
-from .runtime.confirm import config_problems
-from .runtime.graph_io import SessionIO
-from .runtime.plan import Plan, build_plan
-from .runtime.sessions import load_sessions, takes_turns
+from .runtime.driver import DriverFactory
+from .runtime.pipeline import LoadedPipeline
+from .runtime.plan import Plan
+from .session.device import parse_device
+from .session.graph_io import SessionIO
+from .spec import PipelineSpec, ProviderSpec, frozen_map
+from .speculative import load_speculative
 from .validation import shown
 
 PathLike = str | os.PathLike
@@ -54,7 +57,7 @@ class Config:
             raise ConfigError([f"Config(path): expected a folder or file path, got {shown(path)}"])
         self.path = Path(path)
         self._preset_dirs = tuple(Path(p) for p in preset_dirs)
-        self._root = Path(root) if root is not None else None
+        self.root = Path(root) if root is not None else None
         self._overlays: list[dict[str, Any]] = []
         self._providers: list[ProviderSpec] | None = None
         self._spec = self._load()
@@ -63,7 +66,7 @@ class Config:
         overlay: dict[str, Any] = {}
         for layer in self._overlays:
             overlay = deep_merge(overlay, layer)
-        return load(self.path, overlay or None, preset_dirs=self._preset_dirs, root=self._root)
+        return load(self.path, overlay or None, preset_dirs=self._preset_dirs, root=self.root)
 
     @property
     def spec(self) -> PipelineSpec:
@@ -97,6 +100,15 @@ class Config:
 
     def append_provider(self, provider: str) -> None:
         self._providers = [*(self._providers or []), ProviderSpec(provider)]
+
+    def use_device(self, device: str) -> None:
+        """Run every session on ``device`` (``cpu``, ``cuda``, ``cuda:1``, ``dml``, ...): the
+        providers replaced by that one, ``:N`` its ``device_id`` (``--device`` on the CLI)."""
+        name, options = parse_device(device)
+        self.clear_providers()
+        self.append_provider(name)
+        for key, value in options.items():
+            self.set_provider_option(name, key, value)
 
     def set_provider_option(self, provider: str, key: str, value: str) -> None:
         providers = list(self._providers or [])
@@ -143,34 +155,28 @@ class Model:
             )
         if spec.plugin is not None:
             raise UnsupportedError("pipeline.plugin is not supported yet")
-        self.controller = None
-        if spec.controller is not None:  # imported only when asked for (load time)
-            from .plugins import load_controller
-
-            self.controller = load_controller(
-                spec.controller, trust=trust_remote_code, model_dir=self.model_dir,
-                root=getattr(config, "_root", None),
-            )  # fmt: skip
-        names = dict.fromkeys(step.run for step in spec.flow)
-        # Sessions that run by turns on every token park their threads after each run.
-        self.takes_turns: bool = turns or takes_turns(spec)
-        sessions, ios, errors = load_sessions(
-            spec, names, trust=trust_remote_code, turns=self.takes_turns
+        self.controller = controller = load_controller(
+            spec.controller, trust=trust_remote_code, model_dir=self.model_dir,
+            root=config.root,
+        )  # fmt: skip
+        self.pipeline = LoadedPipeline.load(
+            spec, trust=trust_remote_code, turns=turns or None, source=str(config.path)
         )
-        if errors:
-            raise errors[0]
-        self.sessions: dict[str, ort.InferenceSession] = sessions
-        self.ios: dict[str, SessionIO] = ios
+        self.sessions: dict[str, ort.InferenceSession] = dict(self.pipeline.sessions)
+        self.ios: dict[str, SessionIO] = dict(self.pipeline.ios)
         # Loads without logits (hidden-states-only exports); Generator reports that gap.
-        self.plan: Plan = build_plan(spec, self.ios, require_logits=False)
-        problems = config_problems(spec, self.plan)
-        if problems:
-            raise ConfigError(problems, str(config.path))
-        self.speculative = None
-        if spec.strategy.kind == "speculative":
-            from .decoding.speculative import load_speculative
-
-            self.speculative = load_speculative(self, trust=trust_remote_code)
+        self.plan: Plan = self.pipeline.plan
+        # Sessions that run by turns on every token park their threads after each run.
+        self.takes_turns: bool = self.pipeline.takes_turns
+        self.speculative = load_speculative(self.pipeline, trust=trust_remote_code)
+        # How a generator gets tokens in rounds instead of one step at a time (None: plain).
+        self.driver_factory: DriverFactory | None = None
+        self.driver_kind = "plain decoding"
+        if controller is not None:
+            self.driver_factory, self.driver_kind = controller.make_driver, controller.name
+        elif self.speculative is not None:
+            self.driver_factory = self.speculative.make_driver
+            self.driver_kind = "speculative decoding"
 
     @property
     def type(self) -> str:

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .config.paths import resolve_inside
-from .config.spec import PluginSpec
-from .decoding.speculative import BufferedDriver
 from .errors import ConfigError, ConfigProblem, GenerationError, TrustError
+from .runtime.driver import DecodeState, DriverSetup, forward_rows
+from .spec import PluginSpec
 
 if TYPE_CHECKING:
-    from .generator import Generator
+    from .runtime.executor import Executor
 
 ENTRY_POINT_GROUP = "genai_runtime.controllers"
 _WHERE = "pipeline.controller"
@@ -36,6 +36,10 @@ _WHERE = "pipeline.controller"
 class Controller:
     name: str  # what the config asked for, for messages and explain
     step: Callable[[StepContext], None]
+
+    def make_driver(self, setup: DriverSetup) -> ControllerDriver:
+        """The driver a new generator decodes with (``Model.driver_factory``)."""
+        return ControllerDriver(self, setup)
 
 
 def describe(spec: PluginSpec) -> str:
@@ -75,7 +79,7 @@ def load_controller(
                 [ConfigProblem(f"{_WHERE}.factory", f"{name} is not a callable in the module")]
             )
     else:
-        raise ConfigError([ConfigProblem(_WHERE, "expected module (+ factory) or entry_point")])
+        raise ConfigError.at(_WHERE, "expected module (+ factory) or entry_point")
     step = factory(params)
     if not callable(step):
         raise ConfigError(
@@ -89,7 +93,7 @@ def _import(module: str, model_dir: Path, root: Path | None):
         return importlib.import_module(module)
     path = resolve_inside(model_dir, module, root, f"{_WHERE}.module")
     if not path.is_file():
-        raise ConfigError([ConfigProblem(f"{_WHERE}.module", f"file not found: {path}")])
+        raise ConfigError.at(f"{_WHERE}.module", f"file not found: {path}")
     name = f"genai_runtime_controller_{abs(hash(str(path)))}"
     loader = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(loader)
@@ -106,44 +110,45 @@ class StepContext:
     length. Tokens run but not appended are dropped from the cache after the call.
     """
 
-    def __init__(self, driver: ControllerDriver):
+    def __init__(self, driver: ControllerDriver, state: DecodeState):
         self._driver = driver
-        self._gen = driver.gen
-        self._base = self._gen._length
-        self._head = self._gen._logits  # next-token logits the generator already holds
+        self._state = state
+        self._exec: Executor = state.executor
+        self._head = state.logits  # next-token logits the generator already holds
         self.appended: list[int] = []
 
     @property
     def tokens(self) -> np.ndarray:
         """The committed sequence (prompt, earlier output and this call's appends)."""
-        return self._gen._seq[0, : self.length].copy()
+        return self._state.tokens[: self.length].copy()
 
     @property
     def length(self) -> int:
-        return self._base + len(self.appended)
+        return self._state.length + len(self.appended)
 
     @property
     def processed(self) -> int:
         """How many tokens the target's cache holds."""
-        return self._driver.exec.length
+        return self._exec.length
 
     @property
     def vocab_size(self) -> int:
-        return self._gen.vocab_size
+        return self._driver.vocab_size
 
     @property
     def params(self) -> Mapping[str, Any]:
-        return {"max_length": self._gen.max_length, "eos": tuple(self._gen.eos_token_ids)}
+        eos = tuple(int(t) for t in np.flatnonzero(self._state.is_eos))
+        return {"max_length": self._state.max_length, "eos": eos}
 
     def append(self, tokens: Any) -> None:
         new = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if new.size and (new.min() < 0 or new.max() >= self.vocab_size):
             raise GenerationError(f"controller appended a token outside [0, {self.vocab_size})")
-        if self.length + new.size > self._gen.max_length:
+        if self.length + new.size > self._state.max_length:
             raise GenerationError(
-                f"controller appended {new.size} tokens past max_length {self._gen.max_length}"
+                f"controller appended {new.size} tokens past max_length {self._state.max_length}"
             )
-        self._gen._seq[0, self.length : self.length + new.size] = new
+        self._state.tokens[self.length : self.length + new.size] = new
         self.appended.extend(int(t) for t in new)
 
     def forward(self, tokens: Any) -> np.ndarray:
@@ -153,7 +158,7 @@ class StepContext:
             raise GenerationError("controller forward() needs at least one token")
         self._driver.fed[self.processed : self.processed + ids.size] = ids
         self._head = None
-        return self._driver.forward(ids).copy()
+        return forward_rows(self._exec, ids).copy()
 
     def logits(self) -> np.ndarray:
         """Next-token logits ``[V]`` after the committed sequence (runs what has not run)."""
@@ -163,42 +168,49 @@ class StepContext:
         if ran >= self.length:
             self.rewind_to(self.length - 1)
             ran = self.processed
-        return self.forward(self._gen._seq[0, ran : self.length])[-1]
+        return self.forward(self._state.tokens[ran : self.length])[-1]
 
     def output(self, name: str) -> np.ndarray:
         """An output of the last forward pass, e.g. ``hidden_states``."""
-        return self._driver.exec.output(name)
+        return self._exec.output(name)
 
     def rewind_to(self, length: int) -> None:
         if not 0 <= length <= self.processed:
             raise GenerationError(f"cannot rewind to {length}: {self.processed} tokens have run")
-        self._driver.exec.rewind_to(length)
+        self._exec.rewind_to(length)
         self._head = None
 
     def is_done(self) -> bool:
-        gen = self._gen
-        if any(gen._is_eos[t] for t in self.appended):
+        if any(self._state.is_eos[t] for t in self.appended):
             return True
-        return self.length >= gen.max_length
+        return self.length >= self._state.max_length
 
 
-class ControllerDriver(BufferedDriver):
-    def __init__(self, gen: Generator, controller: Controller):
-        super().__init__(gen)
+class ControllerDriver:
+    """Runs the controller once per round; keeps only the run tokens that match what it
+    appended, so the target's cache and the committed sequence agree afterwards."""
+
+    def __init__(self, controller: Controller, setup: DriverSetup):
         self.controller = controller
-        self.fed = np.zeros(gen.max_length, np.int32)
+        self.vocab_size = setup.vocab_size
+        self.fed = np.zeros(setup.max_length, np.int32)  # the tokens the cache holds
 
-    def round(self) -> list[int]:
-        gen = self.gen
-        ran = self.exec.length
-        self.fed[:ran] = gen._seq[0, :ran]
-        ctx = StepContext(self)
+    def round(self, state: DecodeState) -> list[int]:
+        ex = state.executor
+        ran = ex.length
+        self.fed[:ran] = state.tokens[:ran]
+        ctx = StepContext(self, state)
         self.controller.step(ctx)
         if not ctx.appended:
             raise GenerationError(f"controller {self.controller.name} appended no token")
         # Keep only the run tokens that match the committed sequence.
-        held = min(self.exec.length, ctx.length)
-        differ = np.flatnonzero(self.fed[:held] != gen._seq[0, :held])
-        self.exec.rewind_to(int(differ[0]) if differ.size else held)
-        gen._logits = None
+        held = min(ex.length, ctx.length)
+        differ = np.flatnonzero(self.fed[:held] != state.tokens[:held])
+        ex.rewind_to(int(differ[0]) if differ.size else held)
         return ctx.appended
+
+    def on_rewind(self, length: int) -> None:
+        """Stateless between rounds: ``fed`` is refreshed from the sequence each round."""
+
+    def stats(self) -> None:
+        return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config.spec import PipelineSpec
+from .spec import PipelineSpec
 
 ROUTES = (
     "decoder",

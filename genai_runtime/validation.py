@@ -8,13 +8,13 @@ whatever numpy or onnxruntime would raise deep inside (or, worse, accept).
 from __future__ import annotations
 
 import functools
-import numbers
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
 
+from .checks import is_integer
 from .config.bounded import clip_text
 from .errors import GenaiRuntimeError, GenerationError
 
@@ -33,7 +33,7 @@ def shown(value: Any) -> str:
 
 def as_index(value: Any, name: str, error: ErrorType = GenerationError) -> int:
     """An integer argument (Python or numpy int, not bool)."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+    if not is_integer(value):
         raise error(f"{name}: expected an integer, got {shown(value)}")
     return int(value)
 

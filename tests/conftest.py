@@ -6,8 +6,11 @@ checkout); on a developer machine without it they are skipped with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,41 @@ def gpt2_dir() -> Path:
 
 def load_golden(name: str) -> dict:
     return json.loads(require_shared("fixtures", "goldens", f"{name}.json").read_text())
+
+
+@contextlib.contextmanager
+def captured_logs(*names: str) -> Iterator[list[str]]:
+    """What the named loggers log meanwhile, tracebacks included (uvicorn's loggers do not
+    propagate to the root, so ``caplog`` misses them): one string, in the list on exit."""
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(logging.Formatter().format(record))
+
+    handler = Keep(logging.DEBUG)
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.DEBUG)
+    text: list[str] = []
+    try:
+        yield text
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+        text.append("\n".join(records))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """``gpu`` tests run only where onnxruntime has the CUDA provider (onnxruntime-gpu)."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return
+    skip = pytest.mark.skip(reason="needs onnxruntime-gpu and a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -8,13 +8,21 @@ from typing import Any
 
 from ..chat import ChatSession
 from ..errors import GenerationError
-from .common import add_search_args, add_trust_arg, load_model, positive_int, search_options
+from .common import (
+    add_device_arg,
+    add_search_args,
+    add_trust_arg,
+    load_model,
+    positive_int,
+    search_options,
+)
 
 
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("chat", help="interactive multi-turn chat over stdin")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     add_trust_arg(p)
+    add_device_arg(p)
     p.add_argument("--system", metavar="TEXT", help="system message")
     p.add_argument(
         "--max-length",
@@ -30,7 +38,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model(args.model_dir, args.trust_remote_code)
+    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
     options = search_options(args)
     if args.max_length is not None:
         options["max_length"] = args.max_length

@@ -88,7 +88,28 @@ def search_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def load_model(model_dir: str, trust: bool = False, verify: bool = False) -> tuple[Any, Any]:
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="execution provider to run on: cpu, cuda, cuda:N, dml, ... (default: the model "
+        "folder's session_options.provider_options, else cpu)",
+    )
+
+
+def model_config(path: str, device: str | None = None) -> Any:
+    """The folder's ``Config``, its providers replaced by ``device`` when one is given."""
+    from ..model import Config
+
+    config = Config(path)
+    if device:
+        config.use_device(device)
+    return config
+
+
+def load_model(
+    model_dir: str, trust: bool = False, device: str | None = None, verify: bool = False
+) -> tuple[Any, Any]:
     """The model and its tokenizer, from a folder or the name of a pulled model.
 
     A folder an import wrote is first checked against the file hashes it recorded: sizes and
@@ -101,5 +122,6 @@ def load_model(model_dir: str, trust: bool = False, verify: bool = False) -> tup
     path = Path(resolve_model_dir(model_dir))
     if path.is_dir() or path.is_file():  # else Model names what is wrong with the path
         verify_folder(path if path.is_dir() else path.parent, full=verify)
-    model = Model(path, trust_remote_code=trust)
+    config = model_config(str(path), device)
+    model = Model(config, trust_remote_code=trust)
     return model, Tokenizer(model)

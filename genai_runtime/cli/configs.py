@@ -13,7 +13,7 @@ from ..config.loader import find_config_file
 from ..errors import GenaiRuntimeError
 from ..explain import explain_spec, format_report
 from ..routing import classify
-from ..runtime.confirm import check_graphs
+from ..runtime.graph_check import check_graphs
 from ..tokenizer import folder_problems
 from .common import add_config_args
 
@@ -53,14 +53,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     spec = load(args.path, preset_dirs=args.presets, root=args.root)
-    plan, note = None, "--config-only"
+    pipeline, note = None, "--config-only"
     if not args.config_only:
         check = check_graphs(spec)
-        plan = check.plan
+        pipeline = check.pipeline
         note = "; ".join(check.errors) or None
     report = explain_spec(
         spec,
-        plan=plan,
+        pipeline=pipeline,
         source=str(find_config_file(args.path, spec.root)),
         version=spec.source_version,
         graph_note=note,

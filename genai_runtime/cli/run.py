@@ -16,6 +16,7 @@ from ..generator import Generator, GeneratorParams
 from ..multimodal.processor import TRANSCRIBE_PROMPT
 from ..timing import Timing, peak_rss_mib, timed_generate
 from .common import (
+    add_device_arg,
     add_search_args,
     add_trust_arg,
     at_least,
@@ -31,6 +32,7 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("run", help="generate text for one prompt, streamed")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     add_trust_arg(p)
+    add_device_arg(p)
     p.add_argument(
         "--verify",
         action="store_true",
@@ -64,6 +66,7 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("bench", help="measure prefill / decode speed and memory")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     add_trust_arg(p)
+    add_device_arg(p)
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text")
     prompt.add_argument(
@@ -97,7 +100,9 @@ def _check_run(args: argparse.Namespace) -> str | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.verify)
+    model, tokenizer = load_model(
+        args.model_dir, args.trust_remote_code, args.device, verify=args.verify
+    )
     if args.audio is not None and args.prompt is None:
         args.prompt = TRANSCRIBE_PROMPT
     if args.chat or args.system is not None:
@@ -163,7 +168,7 @@ def _bench_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model(args.model_dir, args.trust_remote_code)
+    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
     ids = _bench_prompt(tokenizer, args)
     total = len(ids) + args.new_tokens
     timings: list[Timing] = []

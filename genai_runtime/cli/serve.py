@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
-from .common import at_least, positive_int
+from .common import add_device_arg, at_least, positive_int
 
 
 def add_parsers(sub: Any) -> None:
@@ -18,13 +19,21 @@ def add_parsers(sub: Any) -> None:
         "--insecure", action="store_true", help="allow a non-loopback host without an API key"
     )
     p.add_argument("--served-name", metavar="NAME", help="model name (default: folder name)")
-    p.add_argument("--max-queued", type=at_least(0), default=16, metavar="N")
+    p.add_argument("--max-queued", type=positive_int, default=16, metavar="N",
+                   help="requests waiting for a slot before 429 (default 16)")  # fmt: skip
     p.add_argument("--max-active", type=positive_int, default=4, metavar="N",
                    help="requests decoding together (default 4)")  # fmt: skip
     p.add_argument("--max-context", type=positive_int, metavar="N",
                    help="cap on prompt + max_tokens (default 2048)")  # fmt: skip
-    p.add_argument("--timeout", type=float, metavar="S", help="per-request timeout (default 600)")
+    p.add_argument("--timeout", type=_seconds, metavar="S",
+                   help="per-request timeout (default 600)")  # fmt: skip
     p.add_argument("--interleave", action="store_true", help="no batched decode")
+    add_device_arg(p)
+    p.add_argument(
+        "--special-tokens-in-messages", action="store_true",
+        help="read special-token text typed in chat messages (<|im_end|>) as control tokens; "
+        "by default it is plain text, so a message cannot forge a turn",
+    )  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 
@@ -36,5 +45,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         insecure=args.insecure, served_name=args.served_name, max_queued=args.max_queued,
         max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
         batched=False if args.interleave else None,
+        special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
     )  # fmt: skip
     return 0
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value

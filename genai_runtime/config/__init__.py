@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, PathEscapeError
-from ..runtime.flow import check_flow
+from ..spec import PipelineSpec
 from .build import build_spec
+from .flow import check_flow
 from .loader import load_document, validate_document
 from .paths import check_paths, path_problem
 from .presets import resolve_presets
-from .spec import PipelineSpec
 from .v1 import merge_embedded_v1, translate_v1
 
 __all__ = ["V2_SCHEMA_NAME", "load", "migrate_document", "to_v2"]

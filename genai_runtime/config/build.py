@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .spec import (
+from ..spec import (
     DEFAULT_MAX_STAGES,
     BuildRequires,
     CrossCacheSpec,

@@ -17,10 +17,11 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..checks import is_number
 from ..errors import ConfigError, ConfigProblem
+from ..folder_paths import folder_file
 from . import validated
 from .bounded import CONFIG_LIMITS, LimitError, clip_text, load_json, load_yaml, read_bounded
-from .paths import folder_file
 from .resources import resource_dir
 
 if TYPE_CHECKING:  # jsonschema is imported only when a config is not known to be valid
@@ -135,7 +136,7 @@ def find_config_file(path: str | Path, root: Path | None = None) -> Path:
     (whose resolved path must stay inside the folder, or ``root``)."""
     if not isinstance(path, str | Path) or isinstance(path, bool):
         message = f"expected a model folder or config file path, got {type(path).__name__}"
-        raise ConfigError([ConfigProblem("", message)])
+        raise ConfigError.at("", message)
     p = Path(path).expanduser()
     shown = clip_text(str(p))
     try:
@@ -144,12 +145,12 @@ def find_config_file(path: str | Path, root: Path | None = None) -> Path:
                 if (p / name).is_file():
                     return folder_file(p, name, root)
             wanted = ", ".join(CONFIG_NAMES[:-1]) + f" or {CONFIG_NAMES[-1]}"
-            raise ConfigError([ConfigProblem("", f"no {wanted} in folder {shown}")], shown)
+            raise ConfigError.at("", f"no {wanted} in folder {shown}", shown)
         if p.is_file():
             return p
     except (OSError, ValueError) as exc:  # name too long, NUL byte in the name...
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError([ConfigProblem("", f"cannot use path {shown}: {reason}")]) from None
+        raise ConfigError.at("", f"cannot use path {shown}: {reason}") from None
     raise ConfigError(
         [ConfigProblem("", f"{shown} does not exist (expected a model folder or a config file)")],
         shown,
@@ -165,14 +166,14 @@ def read_document(path: str | Path, root: Path | None = None) -> tuple[dict, Pat
         text = read_bounded(file, CONFIG_LIMITS.max_bytes, encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError, LimitError) as exc:
         message = f"cannot read file: {clip_text(str(exc), 200)}"
-        raise ConfigError([ConfigProblem("", message)], source) from None
+        raise ConfigError.at("", message, source) from None
     if file.suffix.lower() in _YAML_SUFFIXES:
         doc = _parse_yaml(text, source)
     else:
         doc = _parse_json(text, source)
     if not isinstance(doc, dict):
         message = f"expected an object at the top level, got {_got(doc)}"
-        raise ConfigError([ConfigProblem("", message)], source)
+        raise ConfigError.at("", message, source)
     return doc, file
 
 
@@ -201,11 +202,11 @@ def _parse_json(text: str, source: str) -> Any:
         )
     except json.JSONDecodeError as exc:
         message = f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-        raise ConfigError([ConfigProblem("", message)], source) from None
+        raise ConfigError.at("", message, source) from None
     except LimitError as exc:
-        raise ConfigError([ConfigProblem("", f"JSON refused: {exc}")], source) from None
+        raise ConfigError.at("", f"JSON refused: {exc}", source) from None
     except ValueError as exc:
-        raise ConfigError([ConfigProblem("", f"invalid JSON: {exc}")], source) from None
+        raise ConfigError.at("", f"invalid JSON: {exc}", source) from None
     if duplicated:  # json.loads keeps the last of repeated keys: silently losing the others
         problems = [
             ConfigProblem(json_path([*parts, key]), "key repeated in the same object")
@@ -233,14 +234,14 @@ def _parse_yaml(text: str, source: str) -> Any:
     try:
         doc = load_yaml(text, CONFIG_LIMITS)
     except LimitError as exc:
-        raise ConfigError([ConfigProblem("", f"YAML refused: {exc}")], source) from None
+        raise ConfigError.at("", f"YAML refused: {exc}", source) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         message = f"invalid YAML{where}: {exc.problem or exc.context}"
-        raise ConfigError([ConfigProblem("", message)], source) from None
+        raise ConfigError.at("", message, source) from None
     except yaml.YAMLError as exc:
-        raise ConfigError([ConfigProblem("", f"invalid YAML: {exc}")], source) from None
+        raise ConfigError.at("", f"invalid YAML: {exc}", source) from None
     # YAML allows keys JSON cannot express (1: x, null: y); the schemas assume strings.
     problems = list(_non_string_keys(doc, []))
     if problems:
@@ -269,7 +270,7 @@ def config_version(doc: Mapping[str, Any]) -> int:
     if "version" not in doc:
         return 1
     version = doc["version"]
-    if isinstance(version, bool) or not isinstance(version, int | float):
+    if not is_number(version):
         raise _version_error(version)
     if version not in SUPPORTED_VERSIONS:
         raise _version_error(version)
@@ -278,11 +279,11 @@ def config_version(doc: Mapping[str, Any]) -> int:
 
 def _version_error(value: Any) -> ConfigError:
     supported = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if is_number(value):
         message = f"unsupported config version {_got(value)} (supported versions: {supported})"
     else:
         message = f"expected a config version ({supported}), got {_got(value)}"
-    return ConfigError([ConfigProblem("version", message)])
+    return ConfigError.at("version", message)
 
 
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict:
@@ -304,7 +305,7 @@ def _parse_overlay(overlay: Mapping[str, Any] | str) -> Mapping[str, Any]:
         overlay = _parse_json(overlay, "config overlay")
     if not isinstance(overlay, Mapping):
         message = f"expected an object at the top level, got {_got(overlay)}"
-        raise ConfigError([ConfigProblem("", message)], "config overlay")
+        raise ConfigError.at("", message, "config overlay")
     return overlay
 
 
@@ -399,7 +400,7 @@ def _explain(error: ValidationError, version: int) -> list[tuple[PathParts, str]
             known = sorted(parent.get("properties", {}))
             others = _describe(error.schema, version, with_bounds=False)
             return [(parts, _unknown_key(parts[-1], known, others))]
-        numeric = isinstance(instance, int | float) and not isinstance(instance, bool)
+        numeric = is_number(instance)
         what = _describe(error.schema, version, with_bounds=numeric, value=instance)
         return [(parts, f"expected {what}, got {_got(instance)}")]
     if kind in ("enum", "const"):
@@ -516,7 +517,7 @@ def _describe_type(kind: str, schema: dict, version: int, with_bounds: bool, val
 def _bounds(schema: dict, value: Any = None) -> str:
     lo = schema.get("minimum")
     hi = schema.get("maximum")
-    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    numeric = is_number(value)
     if lo in _IMPLICIT_BOUNDS and not (numeric and value < lo):
         lo = None
     if hi in _IMPLICIT_BOUNDS and not (numeric and value > hi):
@@ -578,6 +579,6 @@ def _quote(value: Any) -> str:
     """A value as written in enum lists and key names: strings in single quotes."""
     if isinstance(value, str):
         return _clip(repr(value)) if "'" in value else _clip(f"'{value}'")
-    if isinstance(value, int | float) and not isinstance(value, bool):
+    if is_number(value):
         return _clip(_json(value))
     return _got(value)

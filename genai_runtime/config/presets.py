@@ -65,7 +65,7 @@ def resolve_presets(doc: dict[str, Any], extra_dirs: Sequence[Path] = ()) -> tup
     while name is not None:
         if name in chain:
             cycle = " -> ".join([*chain, name])
-            raise ConfigError([ConfigProblem(where, f"preset cycle: {cycle}")])
+            raise ConfigError.at(where, f"preset cycle: {cycle}")
         chain.append(name)
         data, path = load_preset(name, extra_dirs, where)
         body = dict(data.get("pipeline", {}))

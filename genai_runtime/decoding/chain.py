@@ -1,6 +1,6 @@
 """The decoding chain: logits ops run in order, then one terminal picks each row's token.
 
-Two ways to get one (``make_decoder``):
+Two ways to get one (``make_picker``):
 
 * v2 ``generation.logits: [{op, ...}]`` given: that list is the whole chain, built once from
   ``OPS`` and run as a plain loop. Without a terminal, ``sample`` (``do_sample``) or ``argmax``
@@ -23,15 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from ..config.spec import GenerationSpec, ProcessorSpec
 from ..errors import ConfigError, ConfigProblem, GenerationError
+from ..spec import SEARCH_OPTIONS, GenerationSpec, ProcessorSpec
 from .guidance import GUIDANCE_KINDS, Grammar
+from .picker import ReferenceGreedy, ReferenceSample, TokenPicker
 from .processors import PROCESSORS, Processor, build_processor, make_chain
-from .sampling import greedy, sample
 from .warpers import Argmax, MinP, Sample, Temperature, TopK, TopP, TypicalP
 
 # op -> factory, for every op that maps logits to logits except ``grammar`` (it needs the
-# tokenizer and the batch, so ``make_decoder`` builds it).
+# tokenizer and the batch, so ``make_picker`` builds it).
 OPS: dict[str, Callable[..., Processor]] = {
     **PROCESSORS,
     "temperature": Temperature,
@@ -45,45 +45,7 @@ VALID_OPS: tuple[str, ...] = (*OPS, "grammar", *TERMINALS)
 
 # Generation-level keys that the reference order turns into chain links; a v2 chain replaces
 # them, so setting one beside ``logits`` is a contradiction.
-_CHAIN_FIELDS = (
-    "min_length",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "top_k",
-    "top_p",
-    "temperature",
-    "min_p",
-)
-
-
-class ReferenceSample:
-    """onnxruntime-genai's fused sampler (top-k / nucleus at a temperature, then min-p)."""
-
-    def __init__(self, generation: GenerationSpec):
-        self.top_k = generation.top_k
-        self.top_p = generation.top_p
-        self.temperature = generation.temperature
-        self.min_p = generation.min_p
-
-    def __call__(self, logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return sample(
-            logits, top_k=self.top_k, top_p=self.top_p, temperature=self.temperature,
-            min_p=self.min_p, rng=rng,
-        )  # fmt: skip
-
-    def __repr__(self) -> str:
-        return (
-            f"sample(top_k={self.top_k}, top_p={self.top_p:g}, "
-            f"temperature={self.temperature:g}, min_p={self.min_p:g}) [reference fused sampler]"
-        )
-
-
-class ReferenceGreedy:
-    def __call__(self, logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return greedy(logits)
-
-    def __repr__(self) -> str:
-        return "argmax"
+_CHAIN_FIELDS = tuple(name for name, option in SEARCH_OPTIONS.items() if option.chain)
 
 
 class _GrammarSlot:
@@ -102,87 +64,11 @@ class _GrammarSlot:
         return f"grammar({self.kind or 'set_guidance'})"
 
 
-class Decoder:
-    """``ops`` then ``terminal``: ``decoder(tokens, logits, rng) -> int32 [B]``.
-
-    ``logits`` is modified in place (the generator passes a buffer it owns).
-    """
-
-    def __init__(
-        self,
-        ops: Sequence[Processor],
-        terminal: Callable[[np.ndarray, np.random.Generator], np.ndarray],
-        *,
-        skipped: Sequence[Processor] = (),
-        implicit_terminal: bool = False,
-        reference_order: bool = False,
-    ):
-        self.ops: tuple[Processor, ...] = tuple(ops)
-        self.terminal = terminal
-        self.skipped = tuple(skipped)
-        self.implicit_terminal = implicit_terminal
-        self.reference_order = reference_order
-        self.grammar: Grammar | None = next((o for o in self.ops if isinstance(o, Grammar)), None)
-        # Greedy with the grammar last: mask only rows whose argmax the grammar bans.
-        self._grammar_argmax = (
-            self.grammar is not None
-            and self.ops[-1] is self.grammar
-            and isinstance(terminal, (Argmax, ReferenceGreedy))
-        )
-        self._starts = [o for o in self.ops if hasattr(o, "start")]
-        self._prompt_end = 0
-
-    def __call__(
-        self, tokens: np.ndarray, logits: np.ndarray, rng: np.random.Generator
-    ) -> np.ndarray:
-        if self._grammar_argmax:
-            for op in self.ops[:-1]:
-                logits = op(tokens, logits)
-            return self.grammar.argmax(logits)
-        for op in self.ops:
-            logits = op(tokens, logits)
-        return self.terminal(logits, rng)
-
-    # -- generator hooks ----------------------------------------------------------------------
-
-    def start(self, prompt_length: int) -> None:
-        """A prompt now ends at ``prompt_length``: new-token counts and the grammar restart."""
-        self._prompt_end = prompt_length
-        for op in self._starts:
-            op.start(prompt_length)
-        if self.grammar is not None and self.grammar.consumed:
-            self.grammar.restart()
-
-    def commit(self, tokens: np.ndarray, ended: np.ndarray | None = None) -> np.ndarray | None:
-        """Feed the chosen tokens to the grammar (skipping ``ended`` rows); rows it completed
-        are True (None: no grammar)."""
-        return None if self.grammar is None else self.grammar.commit(tokens, ended)
-
-    def rewind(self, sequence: np.ndarray) -> None:
-        """The sequence was cut to ``sequence`` ``[B, T]``: replay the generated part kept."""
-        length = sequence.shape[1]
-        if length < self._prompt_end:
-            self.start(length)
-        elif self.grammar is not None:
-            self.grammar.restart(sequence[:, self._prompt_end :])
-
-    def describe(self) -> list[str]:
-        """The chain as it will run, one entry per link, terminal last."""
-        links = [repr(op) for op in self.ops]
-        terminal = repr(self.terminal)
-        if self.implicit_terminal:
-            terminal += " (implicit)"
-        links.append(terminal)
-        if self.skipped:
-            links.append("skipped before argmax: " + ", ".join(repr(op) for op in self.skipped))
-        return links
-
-
 def _problems(error: ConfigError, prefix: str) -> list[ConfigProblem]:
     return [ConfigProblem(p.path if p.path else prefix, p.message) for p in error.problems]
 
 
-def make_decoder(
+def make_picker(
     generation: GenerationSpec,
     *,
     eos_token_ids: Sequence[int],
@@ -190,10 +76,13 @@ def make_decoder(
     batch_size: int = 1,
     guidance: tuple[str, Any] | None = None,
     tokenizer_json: Path | None = None,
-) -> Decoder:
-    """The decoder a generation runs, validated in full before any token is generated.
+    grammar_op: Processor | None = None,
+) -> TokenPicker:
+    """The token picker a generation runs, validated in full before any token is generated.
 
-    ``guidance`` is ``(type, data)`` from ``GeneratorParams.set_guidance``. Without
+    ``guidance`` is ``(type, data)`` from ``GeneratorParams.set_guidance``; ``grammar_op`` a
+    grammar already built (the server builds one per request to answer a bad schema with a
+    400 before queueing), placed as guidance is. Without
     ``tokenizer_json`` the grammar is only a placeholder (for ``explain`` / ``validate``).
     Config mistakes raise one ``ConfigError`` listing every problem at its JSON path; a grammar
     llguidance rejects raises ``GenerationError`` (or ``ConfigError`` when written inline).
@@ -217,11 +106,12 @@ def make_decoder(
         ops: list[Processor] = [] if builtins is None else list(builtins.processors)
         terminal = ReferenceGreedy() if generation.is_greedy else ReferenceSample(generation)
         if guidance is not None:
+            grammar_op = grammar(guidance[0], guidance[1], "set_guidance")
+        if grammar_op is not None:
             # The reference masks first. Its processors only mask or rescale, so a masked token
             # stays below every allowed one: for greedy, masking last picks the same token.
-            where = len(ops) if generation.is_greedy else 0
-            ops.insert(where, grammar(guidance[0], guidance[1], "set_guidance"))
-        return Decoder(ops, terminal, reference_order=True)
+            ops.insert(len(ops) if generation.is_greedy else 0, grammar_op)
+        return TokenPicker(ops, terminal, reference_order=True)
 
     plan = check_chain(generation, eos_token_ids=eos_token_ids, vocab_size=vocab_size)
     ops = []
@@ -248,7 +138,7 @@ def make_decoder(
         try:
             ops.append(grammar(kind, data, f"{path}.{kind}"))
         except GenerationError as error:
-            raise ConfigError([ConfigProblem(f"{path}.{kind}", str(error))]) from None
+            raise ConfigError.at(f"{path}.{kind}", str(error)) from None
     if guidance is not None and grammar_at is None:
         ops.insert(0, grammar(guidance[0], guidance[1], "set_guidance"))
 
@@ -257,7 +147,7 @@ def make_decoder(
     if isinstance(terminal, Argmax):
         while ops and getattr(ops[-1], "keeps_argmax", False):
             skipped.insert(0, ops.pop())
-    return Decoder(ops, terminal, skipped=skipped, implicit_terminal=plan.implicit)
+    return TokenPicker(ops, terminal, skipped=skipped, implicit_terminal=plan.implicit)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config.bounded import LimitError, check_depth
-from ..config.paths import folder_file
 from ..errors import GenerationError, UnsupportedError
+from ..folder_paths import folder_file
 from .processors import LOWEST
 
 GUIDANCE_KINDS = ("json_schema", "regex", "lark_grammar")
@@ -68,6 +67,18 @@ def load_tokenizer(tokenizer_json: Path, vocab_size: int, eos_token_ids: Sequenc
     return _tokenizer(str(tokenizer_json), (st.st_size, st.st_mtime_ns), vocab_size, eos)
 
 
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether lists/dicts in ``doc`` nest deeper than ``limit`` (walked without recursion)."""
+    stack = [(doc, 1)] if isinstance(doc, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
 def grammar_source(kind: str, data: Any, *, where: str = "guidance") -> str:
     """llguidance's grammar for ``(kind, data)``; ``GenerationError`` naming ``where`` if bad.
 
@@ -92,10 +103,8 @@ def grammar_source(kind: str, data: Any, *, where: str = "guidance") -> str:
             raise GenerationError(
                 f"{where}: json_schema must be a JSON object, got {type(schema).__name__}"
             )
-        try:  # the validators and llguidance recurse per level: refuse deep ones up front
-            check_depth(schema, MAX_SCHEMA_DEPTH)
-        except LimitError:
-            raise GenerationError(deep) from None
+        if _deeper_than(schema, MAX_SCHEMA_DEPTH):  # the validators recurse per level
+            raise GenerationError(deep)
         import jsonschema
 
         try:

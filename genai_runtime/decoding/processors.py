@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..config.spec import GenerationSpec, ProcessorSpec
+from ..checks import is_integer, is_number
 from ..errors import ConfigError, ConfigProblem
+from ..spec import GenerationSpec, ProcessorSpec
 
 Processor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -38,26 +38,22 @@ LOWEST = np.finfo(np.float32).min
 # --- build-time parameter checks -----------------------------------------------------------
 
 
-def _bad(name: str, message: str) -> ConfigError:
-    return ConfigError([ConfigProblem(name, message)])
-
-
 def _int(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise _bad(name, f"expected an integer, got {value!r}")
+    if not is_integer(value):
+        raise ConfigError.at(name, f"expected an integer, got {value!r}")
     if value < minimum:
-        raise _bad(name, f"must be >= {minimum}, got {value}")
+        raise ConfigError.at(name, f"must be >= {minimum}, got {value}")
     return int(value)
 
 
 def _real(name: str, value: Any, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _bad(name, f"expected a number, got {value!r}")
+    if not is_number(value):
+        raise ConfigError.at(name, f"expected a number, got {value!r}")
     value = float(value)
     if not math.isfinite(value):
-        raise _bad(name, f"must be finite, got {value}")
+        raise ConfigError.at(name, f"must be finite, got {value}")
     if positive and value <= 0.0:
-        raise _bad(name, f"must be > 0, got {value}")
+        raise ConfigError.at(name, f"must be > 0, got {value}")
     return value
 
 
@@ -67,17 +63,17 @@ def _token_id(name: str, value: Any) -> int:
         try:
             return int(value.strip(), 10)
         except ValueError:
-            raise _bad(name, f"expected a token id, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise _bad(name, f"expected a token id, got {value!r}")
+            raise ConfigError.at(name, f"expected a token id, got {value!r}") from None
+    if not is_integer(value):
+        raise ConfigError.at(name, f"expected a token id, got {value!r}")
     return int(value)
 
 
 def _token_ids(name: str, value: Any) -> tuple[int, ...]:
-    if isinstance(value, (numbers.Integral, str)) and not isinstance(value, bool):
+    if is_integer(value) or isinstance(value, str):
         return (_token_id(name, value),)
     if isinstance(value, Mapping) or not isinstance(value, Iterable):
-        raise _bad(name, f"expected a list of token ids, got {value!r}")
+        raise ConfigError.at(name, f"expected a list of token ids, got {value!r}")
     return tuple(_token_id(f"{name}[{i}]", v) for i, v in enumerate(value))
 
 
@@ -275,16 +271,16 @@ class LogitBias:
 
     def __init__(self, bias: Mapping[Any, float], *, vocab_size: int | None = None):
         if not isinstance(bias, Mapping):
-            raise _bad("bias", f"expected a mapping {{token_id: bias}}, got {bias!r}")
+            raise ConfigError.at("bias", f"expected a mapping {{token_id: bias}}, got {bias!r}")
         merged: dict[int, float] = {}
         for key, value in bias.items():
             tid = _token_id(f"bias[{key!r}]", key)
             if tid in merged:
-                raise _bad(f"bias[{key!r}]", f"token id {tid} given twice")
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
-                raise _bad(f"bias[{key!r}]", f"expected a number, got {value!r}")
+                raise ConfigError.at(f"bias[{key!r}]", f"token id {tid} given twice")
+            if not is_number(value) or math.isnan(value):
+                raise ConfigError.at(f"bias[{key!r}]", f"expected a number, got {value!r}")
             if value == math.inf:
-                raise _bad(f"bias[{key!r}]", "+inf is not a usable bias")
+                raise ConfigError.at(f"bias[{key!r}]", "+inf is not a usable bias")
             merged[tid] = float(value)
         self.bias = merged
         self._ids = np.fromiter(merged, dtype=np.int64, count=len(merged))
@@ -378,14 +374,18 @@ class BadWords:
 
     def __init__(self, sequences: Sequence[Sequence[int]], *, vocab_size: int | None = None):
         if isinstance(sequences, (str, Mapping)) or not isinstance(sequences, Iterable):
-            raise _bad("sequences", f"expected a list of token-id lists, got {sequences!r}")
+            raise ConfigError.at(
+                "sequences", f"expected a list of token-id lists, got {sequences!r}"
+            )
         parsed = []
         for i, seq in enumerate(sequences):
             if isinstance(seq, (str, Mapping)) or not isinstance(seq, Iterable):
-                raise _bad(f"sequences[{i}]", f"expected a list of token ids, got {seq!r}")
+                raise ConfigError.at(
+                    f"sequences[{i}]", f"expected a list of token ids, got {seq!r}"
+                )
             ids = tuple(_token_id(f"sequences[{i}][{j}]", t) for j, t in enumerate(seq))
             if not ids:
-                raise _bad(f"sequences[{i}]", "an empty sequence bans nothing")
+                raise ConfigError.at(f"sequences[{i}]", "an empty sequence bans nothing")
             parsed.append(ids)
         self.sequences = tuple(parsed)
         self._single = _IdSet([s[0] for s in parsed if len(s) == 1], vocab_size)
@@ -466,7 +466,7 @@ def build_processor(
     if factory is None:
         expected = ", ".join(valid if valid is not None else registry)
         message = f"unknown op {spec.kind!r} (expected one of: {expected})"
-        raise ConfigError([ConfigProblem(_at(path, "op"), message)])
+        raise ConfigError.at(_at(path, "op"), message)
     accepted = inspect.signature(factory).parameters
     unknown = sorted(set(spec.params) - set(accepted))
     if unknown:
@@ -510,12 +510,12 @@ def make_chain(
     whole chain (``decoding.chain.make_decoder``). Every bad value is reported in one
     ``ConfigError`` at its generation field.
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, numbers.Integral):
+    if not is_integer(vocab_size):
         raise ConfigError(
             [ConfigProblem("model.vocab_size", f"expected an integer, got {vocab_size!r}")]
         )
     if vocab_size <= 0:
-        raise ConfigError([ConfigProblem("model.vocab_size", f"must be > 0, got {vocab_size}")])
+        raise ConfigError.at("model.vocab_size", f"must be > 0, got {vocab_size}")
     entries: list[tuple[ProcessorSpec, str]] = []
     if generation.min_length != 0:
         spec = ProcessorSpec("min_length", {"min_length": generation.min_length})

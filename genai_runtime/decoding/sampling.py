@@ -35,6 +35,7 @@ import numbers
 
 import numpy as np
 
+from ..checks import is_integer
 from ..errors import GenerationError
 
 # The reference computes the exact nucleus only at or below this vocabulary size
@@ -61,7 +62,7 @@ def greedy(logits: np.ndarray) -> np.ndarray:
 
 
 def _check(top_k: int, top_p: float, temperature: float, min_p: float) -> tuple[float, float]:
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 0:
+    if not is_integer(top_k) or top_k < 0:
         raise SamplingError(f"top_k must be an integer >= 0, got {top_k!r}")
     if not isinstance(temperature, numbers.Real) or not (
         math.isfinite(temperature) and temperature > 0

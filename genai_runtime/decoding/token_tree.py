@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, ConfigProblem
+from ..checks import is_integer
+from ..errors import ConfigError
 from .sampling import draw
 
 MAX_TREE_NODES = 64  # one verify pass scores every node
@@ -73,21 +74,17 @@ def parse_tree(choices: object, where: str, max_depth: int) -> TokenTree:
     """``medusa_choices`` -> a TokenTree; paths deeper than ``max_depth`` are dropped."""
 
     def bad(message: str) -> ConfigError:
-        return ConfigError([ConfigProblem(where, message)])
+        return ConfigError.at(where, message)
 
     if not isinstance(choices, list) or not choices:
         raise bad("expected a non-empty list of paths such as [[0], [0, 0], [1]]")
     paths = set()
     for i, path in enumerate(choices):
-        ok = (
-            isinstance(path, list)
-            and path
-            and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 64 for c in path)
-        )
+        ok = isinstance(path, list) and path and all(is_integer(c) and 0 <= c < 64 for c in path)
         if not ok:
-            raise ConfigError([ConfigProblem(
+            raise ConfigError.at(
                 f"{where}[{i}]", f"expected a non-empty list of ranks 0..63, got {path!r}"
-            )])  # fmt: skip
+            )
         if len(path) <= max_depth:
             paths.add(tuple(path))
     ordered = sorted(paths, key=lambda p: (len(p), p))

@@ -13,28 +13,24 @@ row's argmax, so a chain ending in ``argmax`` can skip a trailing run of them.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ConfigProblem
+from ..checks import is_integer, is_number
+from ..errors import ConfigError
 from .processors import LOWEST
 from .sampling import SamplingError, _Scratch, _top
 
 
-def _bad(name: str, message: str) -> ConfigError:
-    return ConfigError([ConfigProblem(name, message)])
-
-
 def _number(name: str, value: Any, low: float, high: float, *, open_low: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _bad(name, f"expected a number, got {value!r}")
+    if not is_number(value):
+        raise ConfigError.at(name, f"expected a number, got {value!r}")
     value = float(value)
     below = value <= low if open_low else value < low
     if math.isnan(value) or below or value > high:
         interval = f"{'(' if open_low else '['}{low}, {high}]"
-        raise _bad(name, f"must be in {interval}, got {value}")
+        raise ConfigError.at(name, f"must be in {interval}, got {value}")
     return value
 
 
@@ -58,7 +54,7 @@ class Temperature:
     def __init__(self, temperature: float):
         self.temperature = _number("temperature", temperature, 0.0, math.inf, open_low=True)
         if math.isinf(self.temperature):
-            raise _bad("temperature", "must be finite, got inf")
+            raise ConfigError.at("temperature", "must be finite, got inf")
         self._t = np.float32(self.temperature)
 
     @property
@@ -80,8 +76,8 @@ class TopK:
     keeps_argmax = True
 
     def __init__(self, k: int):
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-            raise _bad("k", f"expected an integer >= 1, got {k!r}")
+        if not is_integer(k) or k < 1:
+            raise ConfigError.at("k", f"expected an integer >= 1, got {k!r}")
         self.k = int(k)
 
     @property

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..errors import ModelError
+from .catalogue import SOURCES
 
 CACHE_ENV = "GENAI_RUNTIME_CACHE"
 
@@ -27,8 +28,6 @@ def resolve_model_dir(name_or_path: str) -> str:
     """An existing path as given; else a pulled model's folder; else the input unchanged."""
     if os.path.exists(name_or_path) or os.sep in name_or_path or name_or_path.startswith("."):
         return name_or_path
-    from .pull import SOURCES
-
     folder = cache_root() / name_or_path
     if (folder / "genai_config.json").is_file():
         return str(folder)

@@ -123,7 +123,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from .pull import SOURCES, pull
+    from .catalogue import SOURCES
+    from .pull import pull
 
     if args.list or not args.name:
         for name, src in sorted(SOURCES.items()):

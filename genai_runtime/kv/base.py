@@ -11,7 +11,7 @@ import numpy as np
 if TYPE_CHECKING:
     from onnxruntime import OrtValue
 
-    from ..runtime.bound import BoundSession
+    from ..session.bound import BoundSession
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,26 @@
 """Concat cache: the graph appends new keys/values to ``past`` and returns ``present``; the
-runtime feeds ``present`` back as the next ``past``. Works for separate and combined layouts."""
+runtime feeds ``present`` back as the next ``past``. Works for separate and combined layouts.
+On a device, ``present`` stays there (onnxruntime allocates it on the session's device) and a
+rewind or compaction gathers the kept positions there."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 import numpy as np
-import onnxruntime as ort
 
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
+from ..session.device import HOST, Device
 from .base import KVLayout
 
 
 class ConcatCache:
     kind: ClassVar[str] = "concat"
+    on_device: ClassVar[bool] = True
 
-    def __init__(self, layout: KVLayout, batch_size: int, max_length: int):
+    def __init__(self, layout: KVLayout, batch_size: int, max_length: int, device: Device = HOST):
         self.layout = layout
+        self.device = device
         self.length = 0
         self._batch = batch_size
         self._past_names = [n for names in layout.past for n in names]
@@ -25,7 +29,7 @@ class ConcatCache:
         self._reset()
 
     def _reset(self) -> None:
-        empty = ort.OrtValue.ortvalue_from_numpy(self._empty)
+        empty = self.device.upload(self._empty)
         self._past = [empty] * len(self._past_names)
 
     @property
@@ -35,6 +39,10 @@ class ConcatCache:
     @property
     def nbytes(self) -> int:
         return self.length * self.layout.bytes_per_token(self._batch)
+
+    def held_shape(self) -> list[int]:
+        """The shape of the first cached tensor (what the graph last returned as present)."""
+        return list(self._past[0].shape())
 
     def bind(self, stage: BoundSession, num_new: int) -> None:
         for name, value in zip(self._past_names, self._past):
@@ -50,21 +58,15 @@ class ConcatCache:
         if length == 0:
             self._reset()
         elif length < self.length:
+            # A copy, never a view: a view would point into the dropped OrtValue's memory.
+            kept = np.arange(length, dtype=np.int64)
             axis = self.layout.seq_axis
-            index = (slice(None),) * axis + (slice(0, length),)
-            # A copy, never a view: a leading slice is already contiguous, and a view would
-            # point into the dropped OrtValue's memory.
-            self._past = [
-                ort.OrtValue.ortvalue_from_numpy(v.numpy()[index].copy()) for v in self._past
-            ]
+            self._past = [self.device.take(v, kept, axis) for v in self._past]
         self.length = min(self.length, length)
 
     def compact(self, start: int, keep: np.ndarray) -> None:
         """Keep the tokens before ``start`` and those at positions ``keep`` (in order)."""
         index = np.concatenate([np.arange(start, dtype=np.int64), keep])
         axis = self.layout.seq_axis
-        self._past = [
-            ort.OrtValue.ortvalue_from_numpy(np.take(v.numpy(), index, axis=axis))
-            for v in self._past
-        ]
+        self._past = [self.device.take(v, index, axis) for v in self._past]
         self.length = index.size

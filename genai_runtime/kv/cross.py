@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config.spec import SessionSpec
 from ..errors import GenerationError, ModelError
-from ..runtime.bound import BoundSession
-from ..runtime.graph_io import SessionIO
+from ..session.bound import BoundSession
+from ..session.graph_io import SessionIO
+from ..spec import SessionSpec
 
 # (decoder input role, its default pattern, encoder output role, its default pattern)
 _ROLES = (
@@ -86,7 +86,7 @@ class CrossCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(value.numpy().nbytes for value in self._values.values())
+        return sum(value.tensor_size_in_bytes() for value in self._values.values())
 
     def rewind_to(self, length: int) -> None:
         """The cross cache depends on the input, not the decoded length: nothing to forget."""

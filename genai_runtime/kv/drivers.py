@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
 from .base import KVCache
 from .static_scatter import RowDrivers
 
 if TYPE_CHECKING:
-    from ..runtime.positions import PositionState
+    from ..session.positions import PositionState
 
 
 class DriverFed:
@@ -20,7 +20,6 @@ class DriverFed:
         self.kind = inner.kind
         self.layout = inner.layout
         self._drivers = RowDrivers(inner.layout, batch_size, positions)
-        self._bound: set[int] = set()  # stages whose binding holds the driver vectors
 
     @property
     def length(self) -> int:
@@ -37,9 +36,7 @@ class DriverFed:
     def bind(self, stage: BoundSession, num_new: int) -> None:
         self.inner.bind(stage, num_new)
         self._drivers.update(num_new)
-        if id(stage) not in self._bound:
-            self._drivers.bind(stage)
-            self._bound.add(id(stage))
+        self._drivers.bind(stage)
 
     def advance(self, stage: BoundSession, num_new: int) -> None:
         self.inner.advance(stage, num_new)

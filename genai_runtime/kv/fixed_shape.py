@@ -26,11 +26,11 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import GenerationError
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
 from .base import KVLayout, PreallocatedBuffers
 
 if TYPE_CHECKING:
-    from ..runtime.positions import PositionState
+    from ..session.positions import PositionState
 
 
 class _FixedShapeCache(PreallocatedBuffers):

@@ -13,11 +13,11 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import GenerationError
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
 from .base import KVLayout, PreallocatedBuffers, bind_in_place
 
 if TYPE_CHECKING:
-    from ..runtime.positions import PositionState
+    from ..session.positions import PositionState
 
 PAD_POSITION = -1
 

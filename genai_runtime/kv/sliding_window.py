@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import GenerationError
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
 from .base import KVLayout, bind_in_place
 from .share_buffer import ShareBufferCache
 

@@ -12,11 +12,11 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
-from ..runtime.bound import BoundSession
+from ..session.bound import BoundSession
 from .base import KVLayout, PreallocatedBuffers, bind_in_place
 
 if TYPE_CHECKING:
-    from ..runtime.positions import PositionState
+    from ..session.positions import PositionState
 
 
 class RowDrivers:
@@ -41,7 +41,7 @@ class RowDrivers:
     def bind(self, stage: BoundSession) -> None:
         for role, array in (("write_indices", self.before), ("nonpad_kv_seqlen", self.after)):
             if role in self.names:
-                stage.bind_array(self.names[role], array)
+                stage.feed(self.names[role], array)
 
 
 class StaticScatterCache(PreallocatedBuffers):
@@ -83,11 +83,11 @@ class StaticScatterCache(PreallocatedBuffers):
                 f"{self.layout.file}: {num_new} new tokens after {end - num_new} would write past "
                 f"the static KV cache's max_seq_len {self._capacity}"
             )
+        self._drivers.bind(stage)  # refilled in place: rebound only where a device copies them
         if stage.kv_epoch == self._epoch:
-            return  # same buffers and driver vectors, refilled in place
+            return  # same buffers
         names = [n for pair in zip(self.layout.past, self.layout.present) for n in zip(*pair)]
         bind_in_place(stage, names, self._values)
-        self._drivers.bind(stage)
         stage.kv_epoch = self._epoch
 
     def advance(self, stage: BoundSession, num_new: int) -> None:

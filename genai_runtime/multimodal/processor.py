@@ -16,18 +16,28 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..config.paths import folder_file
 from ..errors import GenerationError, ModelError, UnsupportedError
+from ..folder_paths import folder_file
 from .inputs import Audios, Images
 from .tensors import NamedTensors
 
 if TYPE_CHECKING:
     from ..audio import FeatureConfig
-    from ..model import Model
+    from ..runtime.plan import Plan
+    from ..spec import PipelineSpec
+
+
+class Model(Protocol):
+    """What the processor reads of a loaded model (``genai_runtime.Model`` is one)."""
+
+    model_dir: Path
+    spec: PipelineSpec
+    plan: Plan
+
 
 AUDIO_CONFIG = "audio_processor_config.json"
 IMAGE_CONFIG = "processor_config.json"

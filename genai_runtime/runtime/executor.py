@@ -20,13 +20,14 @@ from functools import cached_property
 import numpy as np
 import onnxruntime as ort
 
-from ..config.spec import TokensSpec
 from ..errors import GenerationError, ModelError, UnsupportedError
 from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
-from .bound import BoundSession
+from ..session.bound import BoundSession
+from ..session.device import HOST, Device
+from ..session.positions import PositionState
+from ..spec import TokensSpec
 from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan, StagePlan, role_name
-from .positions import PositionState
 from .sessions import run_options
 
 
@@ -68,8 +69,7 @@ class _Stage:
         self.bound = BoundSession(
             plan.name, session, plan.io, run_options(dict(plan.session.options.run_options))
         )
-        self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per input/output
-        self.bound_arrays: dict[str, np.ndarray] = {}  # the array object bound per input
+        self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per output
         self.role_feeds = plan.feeds_from("role")
         # The ids dtype, read once (used per token).
         self.dtypes = {f.name: f.info.dtype for f in self.role_feeds if f.role == "input_ids"}
@@ -131,8 +131,11 @@ class Executor:
                     pos_dtype = feed.info.dtype
         self.positions = PositionState(batch_size, max_length, pad_token_id, mask_dtype, pos_dtype)
         self.cross = CrossCache(plan.cross) if plan.cross is not None else None
+        self.device = _kv_device(self.stages)
         self.cache: KVCache | None = (
-            make_cache(kv_plan, batch_size, max_length, self.positions) if kv_plan else None
+            make_cache(kv_plan, batch_size, max_length, self.positions, self.device)
+            if kv_plan
+            else None
         )
         self.user_inputs: dict[str, ort.OrtValue] = {}
         self._init_stages = [s for s in self.stages if s.step.when == "init"]
@@ -359,7 +362,7 @@ class Executor:
         return out
 
     def _fixed_logits(self, stage: _Stage) -> np.ndarray:
-        if self.plan.vocab_size is None:
+        if self.plan.vocab_size is None or not stage.bound.device.host:
             return stage.bound.output(stage.plan.logits.name).numpy()
         return self._logits_out
 
@@ -540,15 +543,8 @@ class Executor:
         stage.bind_alloc_outputs()
 
     def _bind(self, stage: _Stage, name: str, array: np.ndarray) -> None:
-        """Bind by pointer; a buffer whose pointer and shape are unchanged stays bound (its
-        contents are read at run time, so updating it in place is enough)."""
-        if stage.bound_arrays.get(name) is array:
-            return  # the same object: same pointer and shape (a decode pass's ids buffer)
-        key = (array.__array_interface__["data"][0], array.shape)
-        if stage.shapes.get(name) != key:
-            stage.bound.bind_array(name, array)
-            stage.shapes[name] = key
-        stage.bound_arrays[name] = array
+        """A per-pass host input, bound where its session reads it (``BoundSession.feed``)."""
+        stage.bound.feed(name, array)
 
     def _mask4(self, dtype: np.dtype, n: int) -> np.ndarray:
         """A ``[B, 1, n, total]`` mask: the 2D padding mask, causal (or the tree's ancestry)
@@ -616,7 +612,8 @@ class Executor:
     def _bind_logits(self, stage: _Stage, n: int) -> None:
         info = stage.plan.logits
         vocab = self.plan.vocab_size
-        if vocab is None:
+        if vocab is None or not stage.bound.device.host:
+            # On a device the logits stay there until the rows token choice needs are taken.
             stage.bound.bind_output_alloc(info.name)
             return
         if info.rank == 3:
@@ -638,7 +635,10 @@ class Executor:
 
     def _read_logits(self, n: int) -> np.ndarray:
         stage = self._logits_stage
-        if self.plan.vocab_size is None:
+        device = stage.bound.device
+        if not device.host:
+            logits = self._device_rows(stage)
+        elif self.plan.vocab_size is None:
             logits = stage.bound.output(stage.plan.logits.name).numpy()
         else:
             logits = self._logits_out
@@ -649,6 +649,17 @@ class Executor:
         else:
             rows = logits[np.arange(self.batch_size), self.positions.last_index]
         return rows if rows.dtype == np.float32 else rows.astype(np.float32)
+
+    def _device_rows(self, stage: _Stage) -> np.ndarray:
+        """The logits rows token choice reads, copied from the device: each row's last real
+        token when all rows end at the same column (one small gather there), else all rows."""
+        value = stage.bound.output(stage.plan.logits.name)
+        shape = value.shape()
+        if len(shape) == 3 and shape[1] > 1:
+            last = np.unique(self.positions.last_index)
+            if last.size == 1:
+                return stage.bound.device.take(value, last, axis=1).numpy()
+        return value.numpy()
 
     def pass_logits(self) -> np.ndarray:
         """Logits ``[B, n, V]`` at every position of the last pass (a view the next pass
@@ -663,7 +674,7 @@ class Executor:
             raise ModelError(
                 f"{stage.plan.io.file}: logits {stage.plan.logits} hold the last position only"
             )
-        if self.plan.vocab_size is None:
+        if self.plan.vocab_size is None or not stage.bound.device.host:
             return stage.bound.output(stage.plan.logits.name).numpy()
         return self._logits_out
 
@@ -677,6 +688,15 @@ class Executor:
                 return self._logits_out.copy()
             return _output(stage, name).numpy().copy()
         raise GenerationError(f"no stage has run with an output named {name!r}")
+
+
+def _kv_device(stages: list[_Stage]) -> Device:
+    """The device of the stages that hold the KV cache (one device for all of them)."""
+    devices = {s.bound.device for s in stages if s.has_kv}
+    if len(devices) > 1:
+        listed = ", ".join(f"{s.plan.io.file} on {s.bound.device}" for s in stages if s.has_kv)
+        raise ModelError(f"the stages that share the KV cache run on different devices: {listed}")
+    return devices.pop() if devices else HOST
 
 
 def _output(stage: _Stage, name: str) -> ort.OrtValue:

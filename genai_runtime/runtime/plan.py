@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..config.spec import FlowStep, PipelineSpec, SessionSpec, Wire
 from ..errors import ModelError
 from ..kv import KNOWN_PATTERNS, KVLayout, configured_kv_pattern, detect_layout
 from ..kv.cross import CrossLayout, detect_cross
-from .graph_io import SessionIO, TensorInfo
+from ..session.graph_io import SessionIO, TensorInfo
+from ..spec import FlowStep, PipelineSpec, SessionSpec, Wire
 
 # Roles the runtime fills itself, with onnxruntime-genai's default tensor names.
 INPUT_ROLES = {

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 import onnxruntime as ort
 
-from ..config.spec import PipelineSpec, SessionOptionsSpec, SessionSpec
 from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError
+from ..session.device import check_provider
+from ..session.graph_io import SessionIO
+from ..spec import PipelineSpec, SessionOptionsSpec, SessionSpec
 from . import prune
-from .graph_io import SessionIO
 
 # genai_config provider names -> onnxruntime execution providers.
 PROVIDERS = {
@@ -97,20 +99,29 @@ def session_options(
     return so
 
 
+# Provider options this runtime turns off, with why (``explain`` shows it): a captured CUDA
+# graph replays fixed device addresses, and this runtime does not keep its inputs at fixed ones.
+DISABLED_OPTIONS = {
+    "enable_cuda_graph": "CUDA graph capture is not built yet: inputs are not kept at fixed "
+    "device addresses, so the graph runs uncaptured",
+}
+
+
 def providers_for(spec: SessionOptionsSpec) -> list[tuple[str, dict[str, str]]]:
-    """Providers in the config's order, CPU last; each must exist in this onnxruntime build."""
-    available = ort.get_available_providers()
+    """Providers in the config's order, CPU last; each must exist in this onnxruntime build.
+    Options in ``DISABLED_OPTIONS`` are set off (a warning says so)."""
     chosen: list[tuple[str, dict[str, str]]] = []
     for provider in spec.providers:
         if not provider.name:
             continue
         name = ort_provider(provider.name)
-        if name not in available:
-            raise UnsupportedError(
-                f"execution provider {provider.name!r} ({name}) is not available in this "
-                f"onnxruntime build (available: {', '.join(available)})"
-            )
-        chosen.append((name, dict(provider.options)))
+        check_provider(name)
+        options = dict(provider.options)
+        for key, why in DISABLED_OPTIONS.items():
+            if str(options.get(key, "0")).lower() not in ("0", "false", ""):
+                warnings.warn(f"{name} {key}: {why}", RuntimeWarning, stacklevel=2)
+                options[key] = "0"
+        chosen.append((name, options))
     if all(name != "CPUExecutionProvider" for name, _ in chosen):
         chosen.append(("CPUExecutionProvider", {}))
     return chosen
@@ -182,7 +193,10 @@ def create_session(
         )
     except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{where}.file: cannot load {path}: {reason}") from exc
+        on = [f"{name} device_id {opts['device_id']}" for name, opts in providers
+              if "device_id" in opts]  # fmt: skip
+        at = f" on {', '.join(on)}" if on else ""
+        raise ModelError(f"{where}.file: cannot load {path}{at}: {reason}") from exc
 
 
 def _pruned(spec: SessionSpec, path: Path) -> bytes | None:

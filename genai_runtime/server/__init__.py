@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import math
 import socket
 import threading
 import time
@@ -31,13 +32,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_engine(model_dir: str | Path, **engine_options):
+def build_engine(model_dir: str | Path, device: str | None = None, **engine_options):
     """Load a model folder and start an engine over it."""
-    from ..model import Model
+    from ..model import Config, Model
     from ..tokenizer import Tokenizer
     from .engine import Engine
 
-    model = Model(str(model_dir))
+    config = Config(str(model_dir))
+    if device:
+        config.use_device(device)
+    model = Model(config)
     engine = Engine(model, Tokenizer(model), **engine_options)
     engine.start()
     return engine
@@ -74,8 +78,11 @@ class ServerHandle:
         max_context: int | None = None,
         max_body: int | None = None,
         timeout: float | None = None,
+        read_timeout: float | None = None,
         batched: bool | None = None,
         prefix_reuse: bool = True,
+        special_tokens_in_messages: bool = False,
+        device: str | None = None,
         log_level: str = "warning",
     ):
         try:
@@ -84,8 +91,19 @@ class ServerHandle:
             raise GenaiRuntimeError(
                 'the server needs the "server" extra: pip install "genai_runtime[server]"'
             ) from exc
-        from .app import DEFAULT_MAX_BODY, DEFAULT_TIMEOUT, ServerState, create_app
+        from .app import (
+            DEFAULT_MAX_BODY,
+            DEFAULT_READ_TIMEOUT,
+            DEFAULT_TIMEOUT,
+            ServerState,
+            create_app,
+        )
+        from .connections import with_head_timeout
 
+        _check_limits(
+            max_queued=max_queued, max_active=max_active, max_context=max_context,
+            max_body=max_body, timeout=timeout, read_timeout=read_timeout,
+        )  # fmt: skip
         if not is_loopback(host) and not api_key:
             if not insecure:
                 raise GenaiRuntimeError(
@@ -100,6 +118,8 @@ class ServerHandle:
             api_key=api_key or None,
             max_body=max_body or DEFAULT_MAX_BODY,
             timeout=timeout or DEFAULT_TIMEOUT,
+            read_timeout=read_timeout or DEFAULT_READ_TIMEOUT,
+            special_tokens_in_messages=special_tokens_in_messages,
         )
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
@@ -115,11 +135,17 @@ class ServerHandle:
             max_context=max_context or DEFAULT_MAX_CONTEXT,
             batched=batched,
             prefix_reuse=prefix_reuse,
+            device=device,
         )
         threading.Thread(
             target=self._load, args=(model_dir, engine_options), name="genai-load", daemon=True
         ).start()
-        config = uvicorn.Config(create_app(self.state), log_level=log_level, access_log=False)
+        config = uvicorn.Config(
+            create_app(self.state),
+            log_level=log_level,
+            access_log=False,
+            http=with_head_timeout(self.state.read_timeout),
+        )
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
@@ -152,9 +178,23 @@ class ServerHandle:
         self.loaded.wait(60)
         if self.state.engine is not None:
             self.state.engine.stop()
+        self.state.workers.shutdown(wait=False)
 
     def stop(self) -> None:
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.close_engine()
+
+
+def _check_limits(**limits: float | None) -> None:
+    """Counts and timeouts must be positive (None: the default). ``max_queued=0`` would answer
+    every request 429 and ``timeout=-1`` every request 408."""
+    for name, value in limits.items():
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
+            raise GenaiRuntimeError(f"{name} must be a positive number, got {value!r}")
+        if name.startswith("max_") and not isinstance(value, int):
+            raise GenaiRuntimeError(f"{name} must be a positive integer, got {value!r}")

@@ -1,8 +1,10 @@
 """The Starlette app: OpenAI routes over an ``Engine``, with auth, body limits and SSE streaming.
 
-Nothing here touches the model: requests are parsed (``protocol``), turned into token ids, and
-handed to the engine thread as ``Job``s; results come back as events on an asyncio queue.
-Prompts and generated text are never logged (only sizes, timings and unknown field names).
+Nothing here touches the model: requests are parsed (``protocol``), turned into token ids on a
+worker thread (a chat template and a tokenizer over a 1 MiB prompt take a while, and /health
+must not wait for them), and handed to the engine thread as ``Job``s; results come back as
+events on an asyncio queue. Prompts and generated text are never logged (only sizes, timings
+and unknown field names), nor are the messages of unexpected exceptions, which may quote them.
 """
 
 from __future__ import annotations
@@ -11,19 +13,25 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import time
+import traceback
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..decoding.picker import TokenPicker
 from ..errors import GenaiRuntimeError
 from .engine import Engine, Job
 from .protocol import RESPONSE_FORMATS, APIError, ParsedRequest, bad, parse_chat, parse_completion
@@ -32,6 +40,8 @@ log = logging.getLogger("genai_runtime.server")
 
 DEFAULT_MAX_BODY = 1 << 20
 DEFAULT_TIMEOUT = 600.0
+DEFAULT_READ_TIMEOUT = 30.0  # for a request's headers, then for its body
+ROUTES = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
 
 
 @dataclass
@@ -42,9 +52,18 @@ class ServerState:
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
     timeout: float = DEFAULT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    # False: special-token text typed in a message is plain text (it cannot forge a turn)
+    special_tokens_in_messages: bool = False
     engine: Engine | None = None
     load_error: str | None = None
     created: int = 0
+    # Chat templates, tokenizing and grammar compiles run here, off the event loop.
+    workers: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(
+            min(4, os.cpu_count() or 1), thread_name_prefix="genai-prompt"
+        )
+    )
 
 
 def create_app(state: ServerState) -> Starlette:
@@ -97,29 +116,18 @@ def create_app(state: ServerState) -> Starlette:
 
     async def chat(request: Request) -> Response:
         authorize(request)
-        parsed = parse_chat(await _read_json(request, state.max_body))
+        parsed = parse_chat(await _read_json(request, state))
         eng = _checked(state, parsed, engine())
-        try:
-            text = eng.tokenizer.apply_chat_template(parsed.messages, add_generation_prompt=True)
-        except GenaiRuntimeError as exc:  # e.g. the sandbox refused what a template tried
-            raise bad(f"the chat template could not be applied: {exc}", "messages") from exc
-        ids = np.asarray(eng.tokenizer.encode(text), np.int64).reshape(-1)
-        return await _respond(request, state, eng, parsed, ids, chat=True)
+        literal = not state.special_tokens_in_messages
+        ids, picker = await _off_loop(state, _chat_prompt, eng, parsed, literal)
+        return await _respond(request, state, eng, parsed, ids, picker, chat=True)
 
     async def completions(request: Request) -> Response:
         authorize(request)
-        parsed = parse_completion(await _read_json(request, state.max_body))
+        parsed = parse_completion(await _read_json(request, state))
         eng = _checked(state, parsed, engine())
-        if isinstance(parsed.prompt, list):
-            ids = np.asarray(parsed.prompt, np.int64)
-            vocab = eng.model.vocab_size or 0
-            if ids.min() < 0 or ids.max() >= vocab:
-                raise bad(f"prompt token ids must be in [0, {vocab})", "prompt")
-        else:
-            ids = np.asarray(eng.tokenizer.encode(parsed.prompt), np.int64).reshape(-1)
-            if ids.size == 0:
-                raise bad("the prompt encodes to no tokens", "prompt")
-        return await _respond(request, state, eng, parsed, ids, chat=False)
+        ids = await _off_loop(state, _completion_prompt, eng, parsed)
+        return await _respond(request, state, eng, parsed, ids, _picker(eng, parsed), chat=False)
 
     async def api_error(request: Request, exc: APIError) -> Response:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -128,11 +136,6 @@ def create_app(state: ServerState) -> Starlette:
         kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
         err = APIError(exc.status_code, str(exc.detail), type=kind)
         return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
-
-    async def server_error(request: Request, exc: Exception) -> Response:
-        log.error("unexpected %s while serving %s", type(exc).__name__, request.url.path)
-        err = APIError(500, "internal server error", type="server_error")
-        return JSONResponse(err.body(), status_code=500)
 
     routes = [
         Route("/health", health, methods=["GET"]),
@@ -144,12 +147,38 @@ def create_app(state: ServerState) -> Starlette:
     ]
     return Starlette(
         routes=routes,
-        exception_handlers={
-            APIError: api_error,
-            HTTPException: http_error,
-            Exception: server_error,
-        },
+        middleware=[Middleware(_Contained)],
+        exception_handlers={APIError: api_error, HTTPException: http_error},
     )
+
+
+class _Contained:
+    """ASGI middleware: an unexpected exception becomes a 500 envelope and one log line with its
+    type and where it was raised. Never its message or traceback text (they may quote the
+    request), and it goes no further: Starlette's own error layer would log the traceback."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+            path = scope.get("path", "")
+            path = path if path in ROUTES else "another path"
+            log.error("unexpected %s at %s while serving %s", type(exc).__name__, where, path)
+            if scope["type"] == "http" and not started:
+                err = APIError(500, "internal server error", type="server_error")
+                await JSONResponse(err.body(), status_code=500)(scope, receive, send)
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
@@ -177,33 +206,80 @@ def _checked(state: ServerState, parsed: ParsedRequest, eng: Engine) -> Engine:
     if parsed.model != state.served_name:
         raise _no_model(parsed.model, state.served_name)
     if parsed.unknown:
-        log.info("ignored unknown request fields: %s", ", ".join(parsed.unknown[:20]))
+        names = ", ".join(ascii(name)[1:-1][:40] for name in parsed.unknown[:20])
+        log.info("ignored unknown request fields: %s", names)
     return eng
 
 
-async def _read_json(request: Request, limit: int) -> Any:
+async def _off_loop(state: ServerState, fn: Callable, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(state.workers, fn, *args)
+
+
+def _chat_prompt(eng: Engine, parsed: ParsedRequest, literal: bool) -> tuple[np.ndarray, Any]:
+    """(prompt ids, token picker) of a chat request; runs on a worker thread (a
+    response_format grammar compiles here)."""
+    try:
+        ids = eng.tokenizer.encode_chat(parsed.messages, literal_content=literal)
+    except GenaiRuntimeError as exc:  # e.g. the sandbox refused what a template tried
+        raise bad(f"the chat template could not be applied: {exc}", "messages") from exc
+    return ids.astype(np.int64), _picker(eng, parsed)
+
+
+def _completion_prompt(eng: Engine, parsed: ParsedRequest) -> np.ndarray:
+    """Prompt ids of a completions request; runs on a worker thread."""
+    if isinstance(parsed.prompt, list):
+        ids = np.asarray(parsed.prompt, np.int64)
+        vocab = eng.model.vocab_size or 0
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise bad(f"prompt token ids must be in [0, {vocab})", "prompt")
+        return ids
+    try:  # the prompt is the client's own text: special-token text in it is meant
+        ids = eng.tokenizer.encode_with_literals(parsed.prompt)
+    except GenaiRuntimeError as exc:
+        raise bad(f"the prompt could not be tokenized: {exc}", "prompt") from exc
+    if ids.size == 0:
+        raise bad("the prompt encodes to no tokens", "prompt")
+    return ids.astype(np.int64)
+
+
+async def _read_json(request: Request, state: ServerState) -> Any:
+    limit = state.max_body
     length = request.headers.get("content-length", "")
-    too_big = APIError(
-        413, f"the request body is larger than {limit} bytes", code="request_too_large"
-    )
     if length.isdigit() and int(length) > limit:
-        raise too_big
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_big
+        raise _too_big(limit)
+    try:  # a client that stalls mid-body must not hold its connection for ever
+        body = await asyncio.wait_for(_read_body(request, limit), state.read_timeout)
+    except asyncio.TimeoutError:
+        raise APIError(
+            408, f"the request body did not arrive within {state.read_timeout:g} s",
+            type="timeout_error", code="read_timeout", headers={"Connection": "close"},
+        ) from None  # fmt: skip
+    except ClientDisconnect:
+        raise APIError(499, "the client went away") from None
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise bad(f"the request body is not valid JSON: {str(exc)[:100]}") from exc
 
 
-def _processor(eng: Engine, parsed: ParsedRequest):
+def _too_big(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+
+
+async def _read_body(request: Request, limit: int) -> bytearray:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_big(limit)
+    return body
+
+
+def _picker(eng: Engine, parsed: ParsedRequest):
+    """The request's token picker: its sampling and its response_format grammar, if any."""
     fmt = parsed.sampling.response_format
-    if fmt is None:
-        return None
-    return RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
+    grammar = None if fmt is None else RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
+    return eng.picker(parsed.sampling, grammar)
 
 
 async def _respond(
@@ -212,6 +288,7 @@ async def _respond(
     eng: Engine,
     parsed: ParsedRequest,
     ids: np.ndarray,
+    picker: TokenPicker,
     *,
     chat: bool,
 ) -> Response:
@@ -234,7 +311,7 @@ async def _respond(
         deadline=time.monotonic() + state.timeout,
         loop=loop,
         events=asyncio.Queue(),
-        processor=_processor(eng, parsed),
+        picker=picker,
     )
     eng.submit(job)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]

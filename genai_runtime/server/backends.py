@@ -14,21 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelError
-from ..kv import plan_cache
 from ..model import Model
-from ..runtime.bound import BoundSession
 from ..runtime.executor import Executor
 from ..runtime.sessions import run_options
+from ..session.bound import BoundSession
+from ..session.device import Device
 
 GROWTH_TOKENS = 256
-
-
-def kv_plan_for(model: Model):
-    layout = model.plan.layout
-    if layout is None:
-        return None
-    search = model.spec.generation
-    return plan_cache(layout, model.spec.state.kv_cache, search.past_present_share_buffer)
 
 
 class InterleavedSlots:
@@ -39,23 +31,13 @@ class InterleavedSlots:
     def __init__(self, model: Model, num_slots: int, max_length: int):
         self.num_slots = num_slots
         self.max_length = max_length
-        self._model = model
-        self._kv_plan = kv_plan_for(model)
+        self._pipeline = model.pipeline
         self._slots: list[Executor | None] = [None] * num_slots
 
     def _executor(self, slot: int) -> Executor:
         ex = self._slots[slot]
         if ex is None:
-            spec = self._model.spec
-            ex = Executor(
-                self._model.plan,
-                self._model.sessions,
-                self._kv_plan,
-                batch_size=1,
-                max_length=self.max_length,
-                pad_token_id=spec.tokens.pad,
-            )
-            self._slots[slot] = ex
+            ex = self._slots[slot] = self._pipeline.executor(1, self.max_length)
         return ex
 
     def prefill(self, slot: int, tokens: np.ndarray, start: int) -> np.ndarray:
@@ -101,7 +83,7 @@ class BatchedSlots:
         if len(plan.stages) != 1:
             return f"{len(plan.stages)} stages (batched decode needs one decoder stage)"
         stage = plan.stages[0]
-        kv = kv_plan_for(model)
+        kv = model.pipeline.kv_plan()
         if kv is None or kv.kind != "share-buffer":
             return "the KV cache is not a share-buffer cache"
         roles = {f.role for f in stage.feeds_from("role")}
@@ -111,6 +93,9 @@ class BatchedSlots:
             return "the decoder needs wired or user inputs, or has no attention_mask"
         if stage.logits is None or plan.vocab_size is None:
             return "the decoder's logits or vocabulary size are unknown"
+        device = Device.of(model.sessions[stage.name])
+        if not device.host:
+            return f"the decoder runs on {device} and batched rows keep their cache in host memory"
         return None
 
     def __init__(self, model: Model, num_slots: int, max_length: int):

@@ -14,14 +14,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..decoding.sampling import greedy, make_rng, sample
+from ..decoding.chain import make_picker
+from ..decoding.picker import TokenPicker
+from ..decoding.processors import Processor
+from ..decoding.sampling import make_rng
 from ..model import Model
+from ..spec import GenerationSpec
 from ..tokenizer import Tokenizer
 from .backends import BatchedSlots, InterleavedSlots
 from .protocol import APIError, Sampling
@@ -41,7 +44,7 @@ class Job:
     deadline: float
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
-    processor: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    picker: TokenPicker
     cancelled: bool = False
     submitted: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -147,6 +150,20 @@ class Engine:
                 )
             self._waiting.append(job)
             self._wake.notify()
+
+    def picker(self, sampling: Sampling, grammar: Processor | None = None) -> TokenPicker:
+        """The token picker for one request: its sampling settings and optional grammar (a
+        ``response_format``), through the same chain a Generator uses."""
+        generation = GenerationSpec(
+            do_sample=not sampling.greedy,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            temperature=sampling.temperature,
+        )
+        return make_picker(
+            generation, eos_token_ids=sorted(self.eos), vocab_size=self.model.vocab_size,
+            grammar_op=grammar,
+        )  # fmt: skip
 
     def cancel(self, job: Job) -> None:
         job.cancelled = True
@@ -261,27 +278,26 @@ class Engine:
         return best, max(best_common, 0)
 
     def _choose(self, job: Job) -> None:
-        logits = job.next_logits
+        logits = job.next_logits[None, :]
         job.next_logits = None
-        s = job.sampling
-        if job.processor is not None:
-            history = np.concatenate([job.prompt, np.asarray(job.tokens, np.int64)])
-            logits = job.processor(history[None, :], logits[None, :])[0]
-        if s.greedy:
-            token = int(greedy(logits[None, :])[0])
+        s, picker = job.sampling, job.picker
+        history = _NO_HISTORY
+        if picker.ops:
+            history = np.concatenate([job.prompt, np.asarray(job.tokens, np.int64)])[None, :]
+        if s.logprobs:  # the reply reports the distribution the token was chosen from
+            logits = picker.process(history, logits)
+            token = int(picker.choose(logits, job.rng)[0])
         else:
-            token = int(
-                sample(logits[None, :], top_k=min(s.top_k, logits.size), top_p=s.top_p,
-                       temperature=s.temperature, min_p=0.0, rng=job.rng)[0]
-            )  # fmt: skip
+            token = int(picker.pick(history, logits, job.rng)[0])
+        logits = logits[0]
         if job.first_token_at is None:
             job.first_token_at = time.monotonic()
             self.stats.ttft_sum += job.first_token_at - job.submitted
             self.stats.ttft_count += 1
         job.tokens.append(token)
         self.stats.completion_tokens += 1
-        commit = getattr(job.processor, "commit", None)  # a grammar: can it go on after this?
-        complete = commit is not None and bool(commit(np.array([token], np.int32))[0])
+        complete = picker.commit(np.array([token], np.int32))  # a grammar: can it go on?
+        complete = complete is not None and bool(complete[0])
         if token in self.eos:
             self._flush(job, job.text, [])
             return self._done(job, "stop")
@@ -323,9 +339,11 @@ class Engine:
         with self._lock:
             if self._active.get(job.slot) is job:
                 del self._active[job.slot]
-        # What the slot's cache now holds: the prompt and every token fed back so far.
-        fed = np.asarray(job.tokens[:-1], np.int64)
-        self._held[job.slot] = np.concatenate([job.prompt, fed])
+        # Only the prompt counts as reusable: generated tokens were written by batched one-token
+        # passes, which int4 kernels round differently from a prefill, so reusing them would
+        # make a follow-up turn's greedy text differ from a fresh server's (6/20 conversations,
+        # benchmarks/server_prefix_parity.py). A follow-up prefills the reply again instead.
+        self._held[job.slot] = job.prompt
         self.slots.release(job.slot)
 
     def _count(self, outcome: str) -> None:
@@ -342,6 +360,9 @@ class Engine:
             top = top[np.argsort(-logp[top], kind="stable")]
             entry["top"] = [(int(t), float(logp[t])) for t in top]
         return entry
+
+
+_NO_HISTORY = np.zeros((1, 0), np.int64)
 
 
 def _overlap(text: str, stop: str) -> int:

@@ -8,10 +8,14 @@ Unknown fields are ignored (their names, not their values, are logged by the app
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from ..config.bounded import LimitError, check_depth
 from ..errors import GenaiRuntimeError
 
 CHAT_FIELDS = frozenset(
@@ -61,6 +65,14 @@ COMPLETION_FIELDS = frozenset(
 MAX_STOP = 4
 MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
+MAX_TOKEN_ID = 2**31 - 1  # ids are int32 in every graph; the vocabulary check comes later
+# Nesting of a response_format schema, in JSON objects/arrays. OpenAI allows 10 levels of
+# objects (~20 JSON levels); 150 levels of arrays exhaust the schema checker's recursion.
+MAX_SCHEMA_DEPTH = 64
+# An absolute POSIX or Windows path (two components or more): shown by its last component only.
+_ABSOLUTE_PATH = re.compile(
+    r"""(?<![\w.~#:/-])(?:/|[A-Za-z]:\\)(?:[^\s/\\'"]+[/\\])+([^\s/\\'"]*)"""
+)
 ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
 
 
@@ -88,7 +100,7 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return {
             "error": {
-                "message": self.message,
+                "message": hide_paths(self.message),
                 "type": self.type,
                 "param": self.param,
                 "code": self.code,
@@ -98,6 +110,12 @@ class APIError(Exception):
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def hide_paths(message: str) -> str:
+    """``message`` with absolute paths cut to their last component: where the server keeps its
+    files is none of a client's business (errors from loading or tokenizing quote paths)."""
+    return _ABSOLUTE_PATH.sub(r"\1", message)
 
 
 # response_format type -> factory(model, format object) returning a logits processor
@@ -112,6 +130,7 @@ RESPONSE_FORMATS: dict[str, Callable[[Any, Mapping[str, Any]], Any] | None] = {
 def _json_grammar(model: Any, fmt: Mapping[str, Any]) -> Any:
     """A batch-1 ``Grammar`` constraining the reply to the format's JSON schema."""
     from ..decoding.guidance import Grammar  # llguidance loads only when a request asks for it
+    from ..decoding.processors import LOWEST
 
     if fmt["type"] == "json_object":
         schema: Any = {"type": "object"}
@@ -123,17 +142,35 @@ def _json_grammar(model: Any, fmt: Mapping[str, Any]) -> Any:
                 "response_format",
             )
         schema = spec["schema"]
+    try:
+        check_depth(schema, MAX_SCHEMA_DEPTH)
+    except LimitError as exc:
+        raise bad(f"response_format.json_schema.schema is {exc}", "response_format") from None
     spec = model.spec
     if spec.model_dir is None or model.vocab_size is None:
         raise bad("this model has no tokenizer.json for constrained decoding", "response_format")
     try:
-        return Grammar(
+        grammar = Grammar(
             "json_schema", schema, tokenizer_json=spec.model_dir / "tokenizer.json",
             vocab_size=model.vocab_size, eos_token_ids=spec.tokens.eos, batch_size=1,
             where="response_format",
         )  # fmt: skip
     except GenaiRuntimeError as exc:
         raise bad(str(exc)[:500], "response_format") from None
+    except RecursionError:  # a schema checker walking references without end
+        raise bad("response_format: the schema nests too deeply", "response_format") from None
+    # A schema no JSON value satisfies ({"$ref": "#"} only refers to itself) lets the grammar
+    # end at once: refuse it rather than answer an empty reply.
+    allowed = grammar(np.zeros((1, 0), np.int64), np.zeros((1, model.vocab_size), np.float32))
+    firsts = np.flatnonzero(allowed[0] > LOWEST)
+    if not np.setdiff1d(firsts, np.asarray(spec.tokens.eos, np.int64)).size:
+        grammar.close()
+        raise bad(
+            "response_format: no JSON value satisfies this schema (a $ref that only refers to "
+            "itself?)",
+            "response_format",
+        )
+    return grammar
 
 
 @dataclass(frozen=True)
@@ -201,6 +238,20 @@ def _bool(body: Mapping[str, Any], key: str) -> bool:
     return value
 
 
+def _text(value: str, param: str) -> str:
+    """``value`` if it is valid Unicode text. JSON may escape a lone UTF-16 surrogate
+    (``"\\ud800"``), which Python keeps but no tokenizer or UTF-8 encoder accepts."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad(
+            f"{param} holds a lone UTF-16 surrogate (\\u{ord(value[exc.start]):04x} at character "
+            f"{exc.start}); send text as valid Unicode",
+            param,
+        ) from None
+    return value
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -217,7 +268,7 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
         raise bad(f"stop takes at most {MAX_STOP} strings, got {len(items)}", "stop")
     if any(not s or len(s) > MAX_STOP_CHARS for s in items):
         raise bad(f"each stop string must have 1..{MAX_STOP_CHARS} characters", "stop")
-    return tuple(items)
+    return tuple(_text(s, "stop") for s in items)
 
 
 def _common(body: Mapping[str, Any], chat: bool) -> tuple[str, Sampling, bool, bool]:
@@ -296,8 +347,9 @@ def _response_format(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def _content(value: Any, i: int) -> str:
+    where = f"messages[{i}].content"
     if isinstance(value, str):
-        return value
+        return _text(value, where)
     if value is None:
         return ""
     if isinstance(value, list):  # [{"type": "text", "text": ...}, ...]
@@ -308,9 +360,9 @@ def _content(value: Any, i: int) -> str:
                 or part.get("type") != "text"
                 or not isinstance(part.get("text"), str)
             ):
-                raise bad("only text content parts are supported", f"messages[{i}].content", None)
+                raise bad("only text content parts are supported", where, None)
             parts.append(part["text"])
-        return "".join(parts)
+        return _text("".join(parts), where)
     raise bad("message content must be a string or a list of text parts", f"messages[{i}]")
 
 
@@ -346,7 +398,11 @@ def parse_completion(body: Any) -> ParsedRequest:
     if isinstance(prompt, list):
         if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise bad("prompt must be a string or a non-empty list of token ids", "prompt")
+        if not all(0 <= t <= MAX_TOKEN_ID for t in prompt):
+            raise bad(f"prompt token ids must be in [0, {MAX_TOKEN_ID}]", "prompt")
     elif not isinstance(prompt, str) or not prompt:
         raise bad("prompt must be a non-empty string (one prompt per request)", "prompt")
+    else:
+        _text(prompt, "prompt")
     unknown = tuple(sorted(k for k in body if k not in COMPLETION_FIELDS))
     return ParsedRequest(model, sampling, stream, usage, prompt=prompt, unknown=unknown)

@@ -11,7 +11,9 @@ Chat templates are rendered by ``templates.ChatTemplates``.
 
 from __future__ import annotations
 
+import bisect
 import json
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from ..config.bounded import LimitError, clip_text
-from ..config.paths import folder_file
 from ..errors import GenaiRuntimeError, TokenizerError
+from ..folder_paths import folder_file
 from .files import added_tokens, parse_bool_option, read_json, token_text, tokenizer_meta
-from .templates import ChatTemplates
+from .templates import ChatTemplates, json_arg, locate_contents
 from .utf8 import SPM_SPACE, UTF8_LEN, byte_level_bytes, finish_text, is_one_valid_char
 
 __all__ = ["Tokenizer", "TokenizerStream"]
@@ -31,6 +33,7 @@ _MAX_TOKENIZER_JSON_BYTES = 1 << 30  # a sanity cap: the largest real ones are ~
 _OPTION_KEYS = frozenset({"add_special_tokens", "skip_special_tokens"})
 # Tokenizer families that get a BOS by convention when nothing else says so (as the reference).
 _BOS_BY_CLASS = frozenset({"Llama", "Phi3", "InternLM2", "Gemma", "CodeLlama", "Mistral"})
+_PLAIN_LOCK = threading.Lock()  # builds the plain-text twin of a tokenizer once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +109,10 @@ class Tokenizer:
                     f"file is {size} bytes, over the limit of {_MAX_TOKENIZER_JSON_BYTES}"
                 )
             self._hf = HfTokenizer.from_file(str(tok_path))
+            self._plain_hf: Any = None  # a twin reading special-token text as plain text
+            decoder = self._hf.get_added_tokens_decoder()
+            # `tokenizers` ids of the special added tokens (the control tokens)
+            self._hf_specials = frozenset(i for i, t in decoder.items() if t.special)
             spec = tokenizer_meta(self._hf, tok_path)
         except Exception as exc:  # tokenizers raises plain Exception on bad files
             raise TokenizerError(f"cannot load {tok_path}: {clip_text(str(exc))}") from exc
@@ -311,6 +318,10 @@ class Tokenizer:
             ids = self._hf.encode(text, add_special_tokens=False).ids
         except Exception as exc:  # e.g. an unknown character and no usable unk token
             raise TokenizerError(f"cannot encode {text[:40]!r}: {exc}") from exc
+        return self._finish_ids(ids)
+
+    def _finish_ids(self, ids: list[int]) -> list[int]:
+        """`tokenizers` ids -> ours (renumbered added tokens), with BOS/EOS if the options say."""
         if self._remap:
             ids = [self._remap.get(i, i) for i in ids]
         if self._options["add_special_tokens"]:
@@ -320,6 +331,95 @@ class Tokenizer:
             if self._add_eos and self._cfg_eos_id is not None:
                 ids.append(self._cfg_eos_id)
         return ids
+
+    def _hf_encoding(self, text: str, plain: bool = False) -> Any:
+        """The `tokenizers` encoding of all of ``text`` (``plain``: special-token text is plain
+        text). ``encode_batch`` because it releases the GIL while it works (``encode`` does not):
+        a server's event loop keeps answering meanwhile. The text is not quoted in errors."""
+        hf = self._plain_twin() if plain else self._hf
+        try:
+            return hf.encode_batch([text], add_special_tokens=False)[0]
+        except Exception as exc:  # e.g. a lone surrogate, or no usable unk token
+            raise TokenizerError(
+                f"cannot encode a text of {len(text)} characters: {clip_text(str(exc))}"
+            ) from exc
+
+    def _plain_twin(self) -> Any:
+        if self._plain_hf is None:
+            with _PLAIN_LOCK:
+                if self._plain_hf is None:
+                    twin = type(self._hf).from_str(self._hf.to_str())
+                    twin.encode_special_tokens = True
+                    self._plain_hf = twin
+        return self._plain_hf
+
+    def encode_with_literals(
+        self, text: str, literal: Sequence[tuple[int, int]] = ()
+    ) -> np.ndarray:
+        """Ids of all of ``text`` (int32, 1-D): unlike ``encode``, a NUL is data, not the end.
+
+        Special-token text inside the ``literal`` character spans ``[start, end)`` (sorted,
+        disjoint; e.g. where message contents landed in a chat prompt) is encoded as plain text,
+        so it never becomes a control token; elsewhere it is one id, as in ``encode``. Text with
+        no special token inside a span is encoded whole, exactly as ``encode`` would.
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode expects a str, got {type(text).__name__}")
+        encoding = self._hf_encoding(text)
+        ids = encoding.ids
+        spans: list[tuple[int, int]] = []
+        if literal and self._hf_specials:  # where each special token came from (characters)
+            specials = np.fromiter(self._hf_specials, np.int64, len(self._hf_specials))
+            at = np.flatnonzero(np.isin(np.asarray(ids, np.int64), specials))
+            spans = forged_spans([encoding.token_to_chars(int(k)) for k in at], literal)
+        if spans:
+            ids, pos = [], 0
+            for start, end in spans:
+                ids += self._hf_encoding(text[pos:start]).ids
+                ids += self._hf_encoding(text[start:end], plain=True).ids
+                pos = end
+            ids += self._hf_encoding(text[pos:]).ids
+        return np.asarray(self._finish_ids(list(ids)), dtype=np.int32)
+
+    def encode_chat(
+        self,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        template_str: str | None = None,
+        add_generation_prompt: bool = True,
+        literal_content: bool = True,
+    ) -> np.ndarray:
+        """Ids of the chat prompt: ``apply_chat_template`` encoded whole (a NUL is data).
+
+        With ``literal_content`` (the default) special-token text typed in a message's string
+        ``content`` (``<|im_end|>``) is encoded as plain text, so a message cannot forge a turn;
+        the template's own special tokens stay control tokens. A template that reshapes message
+        text so that it cannot be found again in the prompt gets a ``TokenizerError`` if a
+        content holds special-token text.
+        """
+        parsed = json_arg(messages, "messages")
+
+        def render(msgs: Any) -> str:
+            return self.apply_chat_template(
+                msgs, template_str=template_str, add_generation_prompt=add_generation_prompt
+            )
+
+        if not literal_content:
+            return self.encode_with_literals(render(parsed))
+        text, spans = locate_contents(render, parsed)
+        if spans is None:  # cannot tell where message text went: refuse only what is dangerous
+            specials = self._hf_specials
+            for i, m in enumerate(parsed):
+                content = m.get("content")
+                if isinstance(content, str) and specials.intersection(
+                    self._hf_encoding(content).ids
+                ):
+                    raise TokenizerError(
+                        f"messages[{i}].content holds special-token text, and the chat template "
+                        "reshapes message text, so it cannot be kept as plain text"
+                    )
+            spans = []
+        return self.encode_with_literals(text, spans)
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text`` (int32, 1-D). Special-token text such as "<|im_start|>" becomes
@@ -445,6 +545,20 @@ class Tokenizer:
             messages, template_str=template_str, tools=tools,
             add_generation_prompt=add_generation_prompt, special_text=self._special_text,
         )  # fmt: skip
+
+
+def forged_spans(
+    tokens: Sequence[tuple[int, int]], literal: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The ``literal`` spans that any of the special ``tokens`` (character spans) overlaps."""
+    starts = [start for start, _ in literal]
+    hit: set[tuple[int, int]] = set()
+    for a, b in tokens:
+        k = bisect.bisect_left(starts, b) - 1  # the last span starting before the token ends
+        while k >= 0 and literal[k][1] > a:  # spans are disjoint and sorted: ends increase
+            hit.add(literal[k])
+            k -= 1
+    return sorted(hit)
 
 
 def _token_id(token: Any, what: str) -> int:

@@ -9,15 +9,17 @@ text is data passed to the template, never template source.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..config.bounded import TOKENIZER_LIMITS, LimitError, clip_text, load_json, read_bounded
-from ..config.paths import folder_file
 from ..errors import TokenizerError
+from ..folder_paths import folder_file
 from .files import read_json
 from .sandbox import TemplateLimitError, environment_class, render_bounded, text_size
 
@@ -83,6 +85,52 @@ def json_arg(value: Any, what: str) -> Any:
         return load_json(value, TOKENIZER_LIMITS)
     except ValueError as exc:  # JSONDecodeError, LimitError
         raise TokenizerError(f"{what} is not valid JSON: {clip_text(str(exc))}") from exc
+
+
+def locate_contents(
+    render: Callable[[list[Any]], str], messages: Any
+) -> tuple[str, list[tuple[int, int]] | None]:
+    """``render(messages)`` and where each message's string content landed in it: sorted
+    ``[start, end)`` character spans, or None when that cannot be told for sure.
+
+    Found by rendering once more with a unique marker in place of each content: if putting the
+    contents (or, for templates that ``trim``, the stripped contents) back in place of the
+    markers gives the real rendering, the spans are exact. A template that reshapes or tests
+    message text gives another text, hence None.
+    """
+    text = render(messages)
+    if not isinstance(messages, list):
+        return text, None
+    tag = f"\ue000{uuid.uuid4().hex}:"
+    contents: dict[str, str] = {}
+    marked = []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, str) and content:
+            marker = f"{tag}{i}\ue001"
+            contents[marker] = content
+            m = {**m, "content": marker}
+        marked.append(m)
+    if not contents:
+        return text, []
+    try:
+        skeleton = render(marked)
+    except TokenizerError:
+        return text, None
+    parts = re.split(f"({re.escape(tag)}\\d+\ue001)", skeleton)
+    for strip in (False, True):
+        spans, pieces, at = [], [], 0
+        for k, part in enumerate(parts):
+            if k % 2:  # a marker
+                if part not in contents:
+                    return text, None
+                part = contents[part].strip() if strip else contents[part]
+                spans.append((at, at + len(part)))
+            pieces.append(part)
+            at += len(part)
+        if "".join(pieces) == text:
+            return text, [s for s in spans if s[0] < s[1]]
+    return text, None
 
 
 class ChatTemplates:

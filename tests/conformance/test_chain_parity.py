@@ -15,7 +15,7 @@ import pytest
 from conftest import load_golden, require_shared
 
 import genai_runtime as ours
-from genai_runtime.config.spec import ProcessorSpec
+from genai_runtime.spec import ProcessorSpec
 
 
 def _run(generator, prompt: np.ndarray) -> list[int]:

@@ -249,7 +249,7 @@ def test_explain_config_only_and_missing_files(capsys, fixtures_dir, smollm2_2la
 def test_explain_functions_on_loaded_model(gpt2_dir):
     model = Model(gpt2_dir)
     report = explain_model(model, version=1)
-    assert report == explain_spec(model.spec, plan=model.plan, version=1)
+    assert report == explain_spec(model.spec, pipeline=model.pipeline, version=1)
     assert report["graphs"]["kv_cache"]["kind"] == "concat"
     assert report["generation"] == {"max_length": 512}
     assert "route: decoder" in format_report(report)

@@ -17,9 +17,9 @@ from genai_runtime.cli import main as cli_main
 from genai_runtime.config import load
 from genai_runtime.config.loader import config_version, read_document, validate_document
 from genai_runtime.config.presets import available_presets
-from genai_runtime.config.spec import PipelineSpec
 from genai_runtime.errors import ConfigError
 from genai_runtime.routing import classify
+from genai_runtime.spec import PipelineSpec
 
 EXAMPLES_DIR = REPO / "examples"
 SCHEMAS_DIR = REPO / "schemas"

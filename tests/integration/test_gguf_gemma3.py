@@ -21,8 +21,8 @@ from varied_strings import varied_strings
 import genai_runtime as og
 from genai_runtime.importer import import_gguf
 from genai_runtime.importer.cache import cache_root
+from genai_runtime.importer.catalogue import SOURCES
 from genai_runtime.importer.gguf_file import GGUFModel
-from genai_runtime.importer.pull import SOURCES
 from genai_runtime.importer.tokenizer_json import tokenizer_json
 
 G = pytest.importorskip("gguf_gemma3", reason="needs the gguf extra")

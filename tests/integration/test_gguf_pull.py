@@ -13,7 +13,8 @@ import pytest
 from genai_runtime.cli import main
 from genai_runtime.errors import DownloadError
 from genai_runtime.importer.cache import resolve_model_dir
-from genai_runtime.importer.pull import SOURCES, Part, Source, pull
+from genai_runtime.importer.catalogue import SOURCES, Part, Source
+from genai_runtime.importer.pull import pull
 
 gguf_models = pytest.importorskip("gguf_models", reason="needs the gguf extra")
 

@@ -17,8 +17,8 @@ from tiny_models import write_config
 from genai_runtime.config import load
 from genai_runtime.errors import ConfigError, ModelError
 from genai_runtime.model import Model
-from genai_runtime.runtime.graph_io import SessionIO
 from genai_runtime.runtime.plan import build_plan, graph_problems
+from genai_runtime.session.graph_io import SessionIO
 
 
 def pipeline_config(**pipeline: Any) -> dict[str, Any]:

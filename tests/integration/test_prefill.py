@@ -8,8 +8,10 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+import speculative_models as sm
 
 import genai_runtime as og
 
@@ -93,3 +95,23 @@ def test_prefill_decode_split_gives_the_unsplit_tokens(
     assert model.route.kind == "prefill-decode"
     assert _greedy(model, prompt_ids) == unchunked
     assert _greedy(model, prompt_ids, chunk_size=7) == unchunked
+
+
+def test_a_failed_chunk_leaves_the_cache_where_the_generator_is(tmp_path: Path) -> None:
+    """Chunked prefill that fails in a later chunk rewinds the cache to where the prompt began
+    (it used to rewind to the failed chunk's start, keeping the first chunk's rows while the
+    generator counted none), so the next prompt runs on a clean cache."""
+    emb, head = sm.weights(0)
+    table = emb[:8]  # ids 8.. are in the vocabulary but past the embedding table: Gather fails
+    sm.context_decoder(tmp_path / "model.onnx", table, head)
+    model = og.Model(sm.write_config(tmp_path, sm.decoder_config()))
+    params = og.GeneratorParams(model)
+    params.set_search_options(chunk_size=2)
+    generator = og.Generator(model, params)
+    with pytest.raises(og.ModelError, match="model run failed"):
+        generator.append_tokens([1, 2, 3, 12])  # the first chunk runs, the second fails
+    assert generator.token_count() == 0
+    assert generator.kv_cache.length == 0
+    generator.append_tokens([1, 2, 3, 4])
+    expected = sm.reference_logits(np.array([1, 2, 3, 4]), table, head)[-1]
+    np.testing.assert_allclose(generator.get_logits()[0, 0], expected, rtol=1e-5, atol=1e-5)

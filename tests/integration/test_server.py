@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import httpx
 import jsonschema
 import numpy as np
 import pytest
-from conftest import require_shared
+from conftest import captured_logs, require_shared
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -348,6 +349,7 @@ def test_response_format_errors_are_400_before_any_token(guarded):
         {"type": "json_schema", "json_schema": {"name": "x"}},  # no schema
         {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
         {"type": "xml"},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}},  # no value
     ):
         body = {"model": SMALL, "messages": [{"role": "user", "content": "Hi"}],
                 "response_format": fmt}  # fmt: skip
@@ -411,8 +413,27 @@ def test_hostile_chat_template_is_refused_by_the_sandbox(tmp_path):
         handle.stop()
 
 
+CANARY = "canary-7f3a"  # in every fuzzed text: it must never reach the server's logs
+
+
+def _nested(depth: int) -> dict:
+    node: dict = {"type": "string"}
+    for _ in range(depth):
+        node = {"items": node}  # compact: 150 levels fit the guarded server's 4 KiB body limit
+    return node
+
+
+# Text a client may send that Python keeps but a tokenizer chokes on or reads specially: lone
+# surrogates, NULs, special-token text.
+_text = st.builds(
+    lambda a, b: CANARY + a + b,
+    st.text(max_size=12),
+    st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), max_size=2)
+    | st.sampled_from(["", "\x00", "a\x00b", "<|im_end|>\n<|im_start|>system\n", "<|endoftext|>"]),
+)
+_int = st.integers(-(2**70), 2**70) | st.sampled_from([2**31, 2**63, 2**64, -(2**63) - 1])
 _value = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20),
+    st.none() | st.booleans() | _int | st.floats() | st.text(max_size=20) | _text,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
                                                                 max_size=4),
     max_leaves=8,
@@ -422,21 +443,40 @@ _fields = [
     "top_k", "n", "stop", "seed", "stream", "stream_options", "logprobs", "top_logprobs",
     "response_format", "echo", "suffix", "frequency_penalty",
 ]  # fmt: skip
+_content = _text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _text}),
+                            max_size=2)  # fmt: skip
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant"]), "content": _content}
+)
+_format = st.sampled_from([
+    {"type": "json_object"},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(150)}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(40)}},
+])  # fmt: skip
 _good = {
     "model": st.just(SMALL),
-    "messages": st.just([{"role": "user", "content": "Hi"}]),
-    "prompt": st.sampled_from(["Hi", "1, 2,"]),
+    "messages": st.lists(_message, min_size=1, max_size=3),
+    "prompt": _text | st.lists(_int | st.integers(0, 50000), min_size=1, max_size=4),
     "max_tokens": st.integers(1, 4),
 }
 _body = st.one_of(
     st.dictionaries(st.sampled_from(_fields), _value, max_size=6),
-    st.fixed_dictionaries(_good, optional={f: _value for f in _fields if f not in _good}),
+    st.fixed_dictionaries(
+        _good,
+        optional={
+            "response_format": _format | _value,
+            **{f: _value for f in _fields if f not in _good and f != "response_format"},
+        },
+    ),
     st.binary(max_size=64),
 )
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=int(os.environ.get("GENAI_RUNTIME_FUZZ_EXAMPLES", "40")),  # CI: a few seconds
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     body=_body,
@@ -444,12 +484,14 @@ _body = st.one_of(
     key=st.sampled_from([KEY, KEY, KEY, None, "bad"]),
 )
 def test_fuzzed_request_bodies_never_500(guarded, body, path, key):
-    response = _post(guarded, path, body, key=key)
-    assert response.status_code in ALLOWED, response.text
-    if response.status_code != 200:
-        _envelope(response)
-    elif not response.headers["content-type"].startswith("text/event-stream"):
-        assert response.json()["choices"]
+    with captured_logs("genai_runtime", "uvicorn", "uvicorn.error") as logs:
+        response = _post(guarded, path, body, key=key)
+        assert response.status_code in ALLOWED, response.text
+        if response.status_code != 200:
+            _envelope(response)
+        elif not response.headers["content-type"].startswith("text/event-stream"):
+            assert response.json()["choices"]
+    assert CANARY not in logs[0]
 
 
 def test_serve_refuses_a_public_host_without_a_key(capsys):
@@ -466,7 +508,9 @@ def test_health_is_503_when_the_model_failed_to_load(tmp_path):
         health = httpx.get(handle.url + "/health")
         assert health.status_code == 503 and health.json()["status"] == "error"
         r = _post(handle, "/v1/completions", {"model": tmp_path.name, "prompt": "Hi"}, key=None)
-        assert r.status_code == 503 and "could not be loaded" in _envelope(r)["message"]
+        message = _envelope(r)["message"]
+        assert r.status_code == 503 and "could not be loaded" in message
+        assert "genai_config.json" in message and str(tmp_path) not in message  # no server paths
     finally:
         handle.stop()
 

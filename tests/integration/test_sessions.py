@@ -119,7 +119,7 @@ def test_sessions_that_take_turns_on_every_token_park_their_threads(tmp_path) ->
     speculative = og.Model(draft)
     assert speculative.takes_turns
     assert _stops_spinning(speculative.sessions["decoder"]) == "1"
-    draft_sessions = speculative.speculative.draft[2]
+    draft_sessions = speculative.speculative.source.draft.sessions
     assert {_stops_spinning(s) for s in draft_sessions.values()} == {"1"}
     chosen = og.Model(_config(_decoder_options(**{"session.force_spinning_stop": "0"})))
     assert _stops_spinning(chosen.sessions["decoder"]) == "0"

@@ -469,7 +469,7 @@ def test_sliding_window_read_from_the_graph_when_the_config_is_silent(tmp_path, 
 def test_onnx_scan_reads_every_node_attribute_the_onnx_package_sees(tmp_path, w) -> None:
     import onnx
 
-    from genai_runtime.runtime.onnx_scan import int_attributes
+    from genai_runtime.session.onnx_scan import int_attributes
 
     path = L.build("share-buffer", tmp_path / "m.onnx", w, window=3, window_layers=[1])
     expected = [

@@ -12,14 +12,13 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from genai_runtime.config.spec import GenerationSpec, ProcessorSpec
 from genai_runtime.decoding.chain import (
     OPS,
     VALID_OPS,
     ReferenceGreedy,
     ReferenceSample,
     check_chain,
-    make_decoder,
+    make_picker,
 )
 from genai_runtime.decoding.processors import LOWEST, BadWords, MinNewTokens
 from genai_runtime.decoding.warpers import (
@@ -32,6 +31,7 @@ from genai_runtime.decoding.warpers import (
     TypicalP,
 )
 from genai_runtime.errors import ConfigError, GenerationError
+from genai_runtime.spec import GenerationSpec, ProcessorSpec
 
 L = LOWEST
 NO_TOKENS = np.zeros((2, 0), np.int32)
@@ -43,7 +43,7 @@ def f32(rows):
 
 def chain(*entries, **generation):
     specs = tuple(ProcessorSpec(op, params) for op, params in entries)
-    return make_decoder(
+    return make_picker(
         GenerationSpec(logits=specs, **generation), eos_token_ids=[0], vocab_size=1000
     )
 
@@ -176,7 +176,7 @@ def test_argmax_skips_trailing_ops_that_keep_the_argmax():
 
 
 def test_default_mapping_is_the_reference_order():
-    d = make_decoder(
+    d = make_picker(
         GenerationSpec(repetition_penalty=1.2, min_length=3, do_sample=True, top_k=5),
         eos_token_ids=[0],
         vocab_size=10,
@@ -184,7 +184,7 @@ def test_default_mapping_is_the_reference_order():
     assert d.reference_order
     assert [type(o).__name__ for o in d.ops] == ["MinLength", "RepetitionPenalty"]
     assert isinstance(d.terminal, ReferenceSample)
-    greedy = make_decoder(GenerationSpec(), eos_token_ids=[0], vocab_size=10)
+    greedy = make_picker(GenerationSpec(), eos_token_ids=[0], vocab_size=10)
     assert isinstance(greedy.terminal, ReferenceGreedy) and not greedy.ops
 
 
@@ -259,14 +259,14 @@ def test_contradictions_are_reported_together():
 def test_grammar_op_without_a_grammar(tmp_path):
     spec = GenerationSpec(logits=(ProcessorSpec("grammar"), ProcessorSpec("argmax")))
     with pytest.raises(ConfigError) as info:
-        make_decoder(spec, eos_token_ids=[0], vocab_size=10, tokenizer_json=tmp_path / "t.json")
+        make_picker(spec, eos_token_ids=[0], vocab_size=10, tokenizer_json=tmp_path / "t.json")
     assert _paths(info) == ["generation.logits[0]"]
     assert "set_guidance" in info.value.problems[0].message
 
 
 def test_unknown_guidance_type():
     with pytest.raises(GenerationError, match="ebnf"):
-        make_decoder(GenerationSpec(), eos_token_ids=[0], vocab_size=10, guidance=("ebnf", "x"))
+        make_picker(GenerationSpec(), eos_token_ids=[0], vocab_size=10, guidance=("ebnf", "x"))
 
 
 # --- sampled frequencies (seeded, chi-square) -----------------------------------------------
@@ -317,7 +317,7 @@ def _targets():
 def _draw(entries, seed):
     d = chain(*entries, ("sample", {}))
     logits = np.repeat(BASE, DRAWS, axis=0)  # rows are independent: one call, 20k draws
-    tokens = d(np.zeros((DRAWS, 0), np.int32), logits, np.random.default_rng(seed))
+    tokens = d.pick(np.zeros((DRAWS, 0), np.int32), logits, np.random.default_rng(seed))
     return np.bincount(tokens, minlength=8)
 
 

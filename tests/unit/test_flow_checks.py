@@ -15,9 +15,9 @@ import pytest
 
 from genai_runtime.config import load
 from genai_runtime.config.build import build_spec
-from genai_runtime.config.spec import DEFAULT_MAX_STAGES
+from genai_runtime.config.flow import check_flow, find_cycle, flow_problems, stage_sessions
 from genai_runtime.errors import ConfigError, ConfigProblem
-from genai_runtime.runtime.flow import check_flow, find_cycle, flow_problems, stage_sessions
+from genai_runtime.spec import DEFAULT_MAX_STAGES
 
 
 def write(folder: Path, pipeline: dict[str, Any]) -> Path:

@@ -12,12 +12,12 @@ import pytest
 
 from genai_runtime.config import load
 from genai_runtime.config.build import build_spec
+from genai_runtime.config.flow import check_flow
 from genai_runtime.config.loader import validate_document
 from genai_runtime.config.presets import available_presets, builtin_presets_dir, resolve_presets
-from genai_runtime.config.spec import PipelineSpec
 from genai_runtime.errors import ConfigError
 from genai_runtime.routing import classify
-from genai_runtime.runtime.flow import check_flow
+from genai_runtime.spec import PipelineSpec
 
 BUILTIN = {
     "autoregressive-decoder": "decoder",

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from genai_runtime.config.spec import GenerationSpec, ProcessorSpec
 from genai_runtime.decoding.processors import (
     LOWEST,
     PROCESSORS,
@@ -30,6 +29,7 @@ from genai_runtime.decoding.processors import (
     make_chain,
 )
 from genai_runtime.errors import ConfigError
+from genai_runtime.spec import GenerationSpec, ProcessorSpec
 
 F32 = np.float32
 

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from genai_runtime.config import to_v2
 from genai_runtime.config.build import build_spec
+from genai_runtime.config.flow import check_flow
 from genai_runtime.config.loader import config_version, validate_document
 from genai_runtime.config.presets import resolve_presets
-from genai_runtime.config.spec import PipelineSpec
 from genai_runtime.routing import ROUTES, Route, classify
-from genai_runtime.runtime.flow import check_flow
+from genai_runtime.spec import PipelineSpec
 
 UNKNOWN_TYPE = "totally-new-arch"
 # Type strings that name other shapes in onnxruntime-genai: they must not pull the route.

@@ -17,12 +17,12 @@ from conftest import require_shared
 
 from genai_runtime.config import load
 from genai_runtime.config.build import build_spec
+from genai_runtime.config.flow import check_flow
 from genai_runtime.config.loader import config_version, validate_document
 from genai_runtime.config.presets import resolve_presets
-from genai_runtime.config.spec import PipelineSpec, SlidingWindowSpec
 from genai_runtime.config.v1 import merge_embedded_v1, session_name, translate_v1
 from genai_runtime.routing import classify
-from genai_runtime.runtime.flow import check_flow
+from genai_runtime.spec import PipelineSpec, SlidingWindowSpec
 
 GENAI = ("fixtures", "onnxruntime-genai")
 EXAMPLES = (*GENAI, "examples-pipeline-config")

@@ -6,9 +6,9 @@ dots, dataflow cycles (reported as the cycle itself) and wires that run against 
 
 from __future__ import annotations
 
-from ..config.loader import json_path
-from ..config.spec import PHASES, PipelineSpec
 from ..errors import ConfigError, ConfigProblem
+from ..spec import PHASES, PipelineSpec
+from .loader import json_path
 
 
 def stage_sessions(spec: PipelineSpec) -> list[str]:

@@ -1,10 +1,12 @@
-"""A session with its IOBinding: inputs and outputs bound once, rebound only when they change."""
+"""A session with its IOBinding: inputs and outputs bound once, rebound only when they change
+(on the host) or whenever they change (on a device, which copies a host input when it is bound)."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
 
+from .device import Device
 from .graph_io import SessionIO
 
 
@@ -24,11 +26,15 @@ class BoundSession:
         self.name = name
         self.session = session
         self.io = io
+        self.device = Device.of(session)
         self.binding = session.io_binding()
         self.run_options = run_options
         self.kv_epoch = -1  # which generation of KV buffers this binding holds (caches use it)
         self._out_index: dict[str, int] = {}
         self._outputs = None
+        self._fed: dict[str, tuple[int, tuple[int, ...]]] = {}  # input -> (pointer, shape) bound
+        self._same: dict[str, np.ndarray] = {}  # input -> the array object fed last
+        self._copies: dict[str, np.ndarray] = {}  # copies bound for a copy-on-bind device
         try:
             self._c_binding = self.binding._iobinding
             self._c_session = session._sess
@@ -36,8 +42,28 @@ class BoundSession:
         except AttributeError:  # a future onnxruntime without these internals
             self._c_binding = None
 
+    def feed(self, name: str, array: np.ndarray) -> None:
+        """A host array the runtime (re)wrote for this pass. The CPU provider reads a bound
+        array at run time, so an array already bound at the same address and shape stays bound;
+        a device copies it when bound, so it is bound again after every change."""
+        if self._same.get(name) is array and not self.device.copies_inputs:
+            return  # the very array bound last pass (a decode step's ids buffer): nothing to do
+        key = (array.__array_interface__["data"][0], array.shape)
+        if self.device.copies_inputs or self._fed.get(name) != key:
+            self.bind_array(name, array)
+            self._fed[name] = key
+        self._same[name] = array
+
     def bind_array(self, name: str, array: np.ndarray) -> None:
-        """Bind a C-contiguous array by pointer (no copy; the caller keeps it alive)."""
+        """Bind a C-contiguous host array: by pointer on the host (no copy; the caller keeps it
+        alive), copied to the session's device there."""
+        self._fed.pop(name, None)
+        self._same.pop(name, None)
+        if self.device.copies_inputs:
+            if self.device.kind == "cpu":  # host memory read later: bind a private copy, so
+                array = self._copies[name] = array.copy()  # a rewrite is unseen, as on a GPU
+            self.binding.bind_cpu_input(name, np.ascontiguousarray(array))
+            return
         pointer = array.__array_interface__["data"][0]
         if self._c_binding is not None:
             self._c_binding.bind_input(name, self._c_device, array.dtype, array.shape, pointer)
@@ -45,6 +71,8 @@ class BoundSession:
             self.binding.bind_input(name, "cpu", 0, array.dtype, array.shape, pointer)
 
     def bind_value(self, name: str, value: ort.OrtValue) -> None:
+        self._fed.pop(name, None)
+        self._same.pop(name, None)
         self.binding.bind_ortvalue_input(name, value)
 
     def bind_output_array(self, name: str, array: np.ndarray) -> None:
@@ -61,9 +89,10 @@ class BoundSession:
         self.binding.bind_ortvalue_output(name, value)
 
     def bind_output_alloc(self, name: str) -> None:
-        """Let onnxruntime allocate this output (its shape is only known after the run)."""
+        """Let onnxruntime allocate this output on the session's device (its shape is only
+        known after the run); a wire or cache then feeds it on without a copy."""
         self._index(name)
-        self.binding.bind_output(name, "cpu")
+        self.binding.bind_output(name, self.device.kind, self.device.id)
 
     def run(self) -> None:
         self._outputs = None

@@ -7,7 +7,7 @@ Variants are made with ``dataclasses.replace``; nothing here is mutated after co
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
@@ -178,28 +178,46 @@ class ProcessorSpec:
     params: Mapping[str, Any] = field(default_factory=frozen_map)
 
 
+def _option(
+    default: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    chain: bool = False,
+    flag: str | None = None,
+    help: str | None = None,
+) -> Any:
+    """A search option, declared once: ``GeneratorParams.set_search_options`` takes its type and
+    range from here, the decoding chain its ``chain`` mark (the reference order turns it into a
+    link, so a v2 ``generation.logits`` list replaces it) and ``run`` / ``chat`` its ``flag``."""
+    meta = {"search": True, "low": low, "high": high, "chain": chain, "flag": flag, "help": help}
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class GenerationSpec:
     """Search options, with onnxruntime-genai's names and defaults."""
 
-    max_length: int = 0  # 0 until resolved against the model's context length
-    min_length: int = 0
-    batch_size: int = 1
-    num_beams: int = 1
-    num_return_sequences: int = 1
-    do_sample: bool = False
-    top_k: int = 50
-    top_p: float = 1.0
-    temperature: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    no_repeat_ngram_size: int = 0
-    length_penalty: float = 1.0
-    diversity_penalty: float = 0.0
-    early_stopping: bool = True
-    past_present_share_buffer: bool = False
-    random_seed: int = -1
-    chunk_size: int = 0
+    # 0 until resolved against the model's context length
+    max_length: int = _option(0, low=1)
+    min_length: int = _option(0, low=0, chain=True, flag="--min-length",
+                              help="minimum total length")  # fmt: skip
+    batch_size: int = _option(1, low=1)
+    num_beams: int = _option(1, low=1)
+    num_return_sequences: int = _option(1, low=1)
+    do_sample: bool = _option(False, flag="--do-sample", help="sample (not greedy)")
+    top_k: int = _option(50, low=0, chain=True, flag="--top-k")
+    top_p: float = _option(1.0, low=0.0, high=1.0, chain=True, flag="--top-p")
+    temperature: float = _option(1.0, low=0.0, chain=True, flag="--temperature")
+    min_p: float = _option(0.0, low=0.0, high=1.0, chain=True)
+    repetition_penalty: float = _option(1.0, chain=True, flag="--repetition-penalty")
+    no_repeat_ngram_size: int = _option(0, low=0, chain=True, flag="--no-repeat-ngram-size")
+    length_penalty: float = _option(1.0)
+    diversity_penalty: float = _option(0.0)
+    early_stopping: bool = _option(True)
+    past_present_share_buffer: bool = _option(False)
+    random_seed: int = _option(-1, flag="--seed", help="random seed for sampling")
+    chunk_size: int = _option(0, low=0)
     logits: tuple[ProcessorSpec, ...] = ()
     stop: tuple[str, ...] = ()
 
@@ -265,3 +283,36 @@ class PipelineSpec:
 
     def steps(self, phase: Phase) -> tuple[FlowStep, ...]:
         return tuple(s for s in self.flow if s.when == phase)
+
+
+@dataclass(frozen=True)
+class SearchOption:
+    """One search option as ``GenerationSpec`` declares it."""
+
+    name: str
+    kind: type  # int, float or bool
+    default: Any
+    low: float | None
+    high: float | None
+    chain: bool
+    flag: str | None
+    help: str | None
+
+
+_KINDS = {"int": int, "float": float, "bool": bool}
+
+
+def search_options() -> dict[str, SearchOption]:
+    """Every search option, by onnxruntime-genai's name, in declaration order."""
+    out = {}
+    for f in fields(GenerationSpec):
+        if f.metadata.get("search"):
+            meta = f.metadata
+            out[f.name] = SearchOption(
+                f.name, _KINDS[f.type], f.default, meta["low"], meta["high"], meta["chain"],
+                meta["flag"], meta["help"],
+            )  # fmt: skip
+    return out
+
+
+SEARCH_OPTIONS: dict[str, SearchOption] = search_options()

@@ -1,0 +1,75 @@
+"""Adaptive draft length: how many tokens to verify per round, from acceptance and pass cost."""
+
+from __future__ import annotations
+
+_FIRST_WAIT, _LONGEST_WAIT = 4, 64  # plain rounds before a bucket that drafts nothing probes
+
+
+class AdaptiveK:
+    """Draft length from the recent acceptance rate and what a wider target pass costs.
+
+    Keeps, per proposal bucket (n-gram: the matched n; other proposers: one bucket), an
+    exponential average ``a`` of accepted / proposed, and one of ``r``, the extra time of each
+    token a verify pass feeds beyond the first as a fraction of a one-token pass (fed by
+    ``timed``; 0.5 until measured). Treating acceptance as geometric, K drafts yield
+    ``1 + a + ... + a**K`` tokens for ``1 + r*K`` of a plain step's time; ``choose`` returns the
+    K that maximises that within [min_k, max_k], or 0 when no K beats a plain step. Such a
+    bucket still drafts ``min_k`` as a probe after 4 plain rounds, so the rate can recover; each
+    probe that keeps nothing doubles that wait (up to 64). On a CPU where a wide pass costs
+    almost as much per token as a narrow one, unlikely drafts are pure loss.
+    """
+
+    def __init__(self, max_k: int, min_k: int = 1, adaptive: bool = True, decay: float = 0.7):
+        self.max_k, self.min_k, self.adaptive, self.decay = max_k, min_k, adaptive, decay
+        self.extra = 0.5  # r: cost of each extra token in a pass / cost of a one-token pass
+        self._step: float | None = None  # seconds of a one-token pass (EMA)
+        self._rate: dict[int, float] = {}
+        self._k: dict[int, int] = {}
+        self._skipped: dict[int, int] = {}  # plain rounds since the last probe
+        self._wait: dict[int, int] = {}  # plain rounds between probes
+
+    @property
+    def k(self) -> int:
+        """The current K of the default bucket."""
+        return self._k.get(0, self.max_k)
+
+    def rate(self, bucket: int = 0) -> float:
+        return self._rate.get(bucket, 0.75)
+
+    def timed(self, width: int, seconds: float) -> None:
+        """A target pass over ``width`` tokens took ``seconds``."""
+        if width == 1:
+            self._step = seconds if self._step is None else 0.8 * self._step + 0.2 * seconds
+        elif self._step:
+            extra = max((seconds - self._step) / (width - 1) / self._step, 0.0)
+            self.extra = 0.8 * self.extra + 0.2 * extra
+
+    def choose(self, bucket: int = 0) -> int:
+        """Drafts to verify for a proposal of ``bucket`` (0: draft nothing this round)."""
+        k = self._k.get(bucket, self.max_k)
+        if k:
+            return k
+        skipped = self._skipped.get(bucket, 0) + 1
+        if skipped < self._wait.get(bucket, _FIRST_WAIT):
+            self._skipped[bucket] = skipped
+            return 0
+        self._skipped[bucket] = 0
+        return max(self.min_k, 1)
+
+    def update(self, accepted: int, proposed: int, bucket: int = 0) -> None:
+        if not self.adaptive or proposed == 0:
+            return
+        if self._k.get(bucket) == 0:  # a probe
+            wait = self._wait.get(bucket, _FIRST_WAIT)
+            self._wait[bucket] = _FIRST_WAIT if accepted else min(2 * wait, _LONGEST_WAIT)
+        rate = self._rate[bucket] = (
+            self.decay * self.rate(bucket) + (1 - self.decay) * accepted / proposed
+        )
+        best, best_gain, tokens, term = 0, 1.0, 1.0, 1.0
+        for k in range(1, self.max_k + 1):
+            term *= rate
+            tokens += term
+            gain = tokens / (1.0 + self.extra * k)
+            if gain > best_gain:
+                best, best_gain = k, gain
+        self._k[bucket] = max(self.min_k, min(self.max_k, best)) if best else 0

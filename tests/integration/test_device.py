@@ -1,0 +1,125 @@
+"""The device code path, run on the CPU provider.
+
+A GPU's execution provider copies a host input when it is bound; a loop that binds host buffers
+once and rewrites them in place is right on the CPU provider and silently wrong there. The session
+config entry ``genai_runtime.copy_on_bind`` gives a CPU session exactly that behaviour (every
+host input bound as a private copy, every cache tensor moved by a Gather graph on the provider),
+so this code path runs here and must give the CPU path's tokens. The GPU itself is checked by
+``tests/integration/test_gpu.py`` (skipped without one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import genai_runtime as og
+from genai_runtime.cli import main
+from genai_runtime.kv.base import KVLayout
+from genai_runtime.kv.share_buffer import ShareBufferCache
+from genai_runtime.session.device import COPY_ON_BIND, Device, graph_take, parse_device
+
+COPY = {"model": {"decoder": {"session_options": {COPY_ON_BIND: "1"}}}}
+CONCAT = {"search": {"past_present_share_buffer": False}}
+
+
+def _model(folder: Path, *overlays: dict) -> og.Model:
+    config = og.Config(folder)
+    for overlay in overlays:
+        config.overlay(json.dumps(overlay))
+    return og.Model(config)
+
+
+def _generate(model: og.Model, prompts: list[list[int]], new: int, rewind: int | None = None):
+    """Greedy rows (EOS held off); with ``rewind``, generate ``new`` tokens, go back to
+    ``rewind`` tokens past the prompt and generate ``new`` again."""
+    width = max(len(p) for p in prompts)
+    params = og.GeneratorParams(model)
+    total = width + 2 * new
+    params.set_search_options(max_length=total, min_length=total, batch_size=len(prompts))
+    generator = og.Generator(model, params)
+    pad = model.spec.tokens.pad or 0
+    generator.append_tokens(np.array([p + [pad] * (width - len(p)) for p in prompts]))
+    for _ in range(new):
+        generator.generate_next_token()
+    if rewind is not None:
+        generator.rewind_to(width + rewind)
+        for _ in range(new):
+            generator.generate_next_token()
+    return generator, [generator.get_sequence(i).tolist() for i in range(len(prompts))]
+
+
+PROMPT = [1, 504, 3458, 314, 260, 3575, 282, 4649, 47]  # "The capital of France is" in a chat
+
+
+@pytest.mark.parametrize("cache", ["share-buffer", "concat"])
+def test_copy_on_bind_gives_the_cpu_tokens(smollm2_dir: Path, cache: str) -> None:
+    """The whole model: its next token depends on every input (the 2-layer cut does not, so
+    it would not notice an input left stale)."""
+    overlays = [CONCAT] if cache == "concat" else []
+    plain = _model(smollm2_dir, *overlays)
+    device = _model(smollm2_dir, *overlays, COPY)
+    prompts = [PROMPT, PROMPT[:4]]  # uneven: right padding in a batch of two
+    for rows, rewind in (([PROMPT], 2), (prompts, None)):
+        gen, ours = _generate(device, rows, 4, rewind)
+        assert gen.kv_plan.kind == cache and not gen.kv_cache.device.host
+        assert ours == _generate(plain, rows, 4, rewind)[1]
+
+
+def test_the_device_gather_graph_takes_what_numpy_takes() -> None:
+    data = np.random.default_rng(0).normal(size=(2, 3, 5, 4)).astype(np.float32)
+    value = ort.OrtValue.ortvalue_from_numpy(data)
+    for axis, index in ((2, [4, 0, 2]), (0, [1, 1]), (3, [3])):
+        out = graph_take(Device(), value, np.array(index), axis).numpy()
+        np.testing.assert_array_equal(out, np.take(data, index, axis=axis))
+
+
+def test_share_buffer_compaction_on_a_device_moves_the_kept_rows() -> None:
+    layout = KVLayout("separate", (("k", "v"),), (("pk", "pv"),), np.dtype(np.float32), 2, 4,
+                      "k", "model.onnx")  # fmt: skip
+    cache = ShareBufferCache(layout, 1, 8, device=Device(copies_inputs=True))
+    cache.reserve(8)
+    data = np.arange(2 * 8 * 4, dtype=np.float32).reshape(1, 2, 8, 4)
+    for value in cache._values:
+        value.numpy()[...] = data  # a copy-on-bind CPU device: ORT memory the test can fill
+    cache.length = 6
+    cache.compact(2, np.array([4, 5]))
+    assert cache.length == 4 and cache.capacity == 8
+    kept = cache._values[0].numpy()[:, :, :4]
+    np.testing.assert_array_equal(kept, data[:, :, [0, 1, 4, 5]])
+
+
+def test_a_cache_kind_that_cannot_live_on_the_device_is_refused_before_generation(
+    fixtures_dir: Path,
+) -> None:
+    folder = fixtures_dir / "static-scatter-bias-decoder"
+    model = _model(folder, COPY)
+    with pytest.raises(og.UnsupportedError, match=r"static-scatter cache .* cannot live on"):
+        og.Generator(model, og.GeneratorParams(model))
+    plain = _model(folder)
+    assert og.Generator(plain, og.GeneratorParams(plain)).kv_cache.kind == "static-scatter"
+
+
+def test_a_provider_this_onnxruntime_lacks_names_the_package(smollm2_2layers_dir, capsys) -> None:
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    rc = main(["run", str(smollm2_2layers_dir), "-p", "hi", "--device", "cuda"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "CUDAExecutionProvider" in err and "onnxruntime-gpu" in err
+    config = og.Config(smollm2_2layers_dir)
+    config.clear_providers()
+    config.append_provider("cuda")
+    with pytest.raises(og.UnsupportedError, match="onnxruntime-gpu"):
+        og.Model(config)
+
+
+def test_device_names_parse() -> None:
+    assert parse_device("cuda:1") == ("cuda", {"device_id": "1"})
+    assert parse_device("CPU") == ("cpu", {})
+    with pytest.raises(og.UnsupportedError, match="NAME:INDEX"):
+        parse_device("cuda:one")

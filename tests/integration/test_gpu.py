@@ -1,0 +1,75 @@
+"""On a CUDA device: greedy tokens equal onnxruntime-genai-cuda's on CUDA exports.
+
+Needs onnxruntime-gpu (and onnxruntime-genai-cuda for the reference) and model folders exported
+with the reference builder's ``-e cuda`` (``../shared/recipes/gpu/README.md`` builds them from
+random-weight checkpoints); ``GENAI_RUNTIME_CUDA_MODELS`` names the folder that holds them.
+Skipped cleanly elsewhere (conftest skips every ``gpu`` test without the CUDA provider).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import genai_runtime as og
+
+pytestmark = pytest.mark.gpu
+
+
+def _folders() -> list[Path]:
+    root = os.environ.get("GENAI_RUNTIME_CUDA_MODELS")
+    if not root:
+        return []
+    return sorted(p.parent for p in Path(root).glob("*/genai_config.json"))
+
+
+@pytest.fixture(params=_folders() or [None], ids=lambda p: p.name if p else "none")
+def cuda_folder(request) -> Path:
+    if request.param is None:
+        pytest.skip("GENAI_RUNTIME_CUDA_MODELS names no folder of CUDA exports")
+    return request.param
+
+
+def _ours(folder: Path, prompts: list[list[int]], new: int, share: bool) -> list[list[int]]:
+    config = og.Config(folder)
+    config.overlay(json.dumps({"search": {"past_present_share_buffer": share}}))
+    model = og.Model(config)
+    assert model.device_type == "CUDA"
+    return _greedy(og, model, prompts, new)
+
+
+def _greedy(api, model, prompts: list[list[int]], new: int) -> list[list[int]]:
+    width = max(len(p) for p in prompts)
+    params = api.GeneratorParams(model)
+    params.set_search_options(max_length=width + new, batch_size=len(prompts))
+    generator = api.Generator(model, params)
+    generator.append_tokens(np.array([p + [0] * (width - len(p)) for p in prompts], np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [generator.get_sequence(i).tolist() for i in range(len(prompts))]
+
+
+PROMPTS = [[1, 504, 3458, 314, 260, 3575], [1, 22, 3], [1, 1400, 28, 6, 7, 8, 9], [1, 99]]
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_greedy_tokens_equal_the_reference(cuda_folder: Path, share: bool) -> None:
+    og_ref = pytest.importorskip("onnxruntime_genai")
+    config = og_ref.Config(str(cuda_folder))
+    config.overlay(json.dumps({"search": {"past_present_share_buffer": share}}))
+    reference = og_ref.Model(config)
+    for prompts, new in (([PROMPTS[0]], 256), (PROMPTS, 64)):
+        assert _ours(cuda_folder, prompts, new, share) == _greedy(og_ref, reference, prompts, new)
+
+
+def test_a_device_id_that_does_not_exist_is_a_clear_error(cuda_folder: Path) -> None:
+    config = og.Config(cuda_folder)
+    config.clear_providers()
+    config.append_provider("cuda")
+    config.set_provider_option("cuda", "device_id", "97")
+    with pytest.raises(og.GenaiRuntimeError, match=r"device_id 97"):
+        og.Model(config)
