@@ -18,7 +18,8 @@ from .config.bounded import CONFIG_LIMITS, LimitError, clip_text, load_json, rea
 from .errors import ModelError
 from .folder_paths import path_problem
 
-REPORT_FILE = "gguf_import.json"
+REPORT_FILE = "import.json"  # written by importer/folder.py
+OLD_REPORT_FILE = "gguf_import.json"  # its name before Hugging Face folders could be imported
 RECORD_KEY = "files"
 _CHUNK = 1 << 20
 

