@@ -5,6 +5,8 @@ sha256 into its report file. The quick check compares sizes and modification tim
 only the files whose size or time changed; the full check hashes every file. A file whose bytes
 differ from the record (a damaged disk, an interrupted copy, an edit) is named, so a corrupted
 model is refused instead of running as garbage. Folders without a record are not checked.
+Settings files (JSON, Jinja) are what people edit by hand, so a lenient check reports an edited
+one as a note and refuses only changed weights, graphs and missing files.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ REPORT_FILE = "import.json"  # written by importer/folder.py
 OLD_REPORT_FILE = "gguf_import.json"  # its name before Hugging Face folders could be imported
 RECORD_KEY = "files"
 _CHUNK = 1 << 20
+SETTINGS_SUFFIXES = (".json", ".jinja")  # hand-editable files a lenient check only notes
 
 
 def sha256_file(path: Path) -> str:
@@ -75,10 +78,21 @@ def changed_files(folder: Path, *, full: bool = False, report: str = REPORT_FILE
     return problems
 
 
-def verify_folder(folder: str | Path, *, full: bool = False, report: str = REPORT_FILE) -> None:
-    """``ModelError`` naming every file that no longer matches the import's record."""
+def verify_folder(
+    folder: str | Path,
+    *,
+    full: bool = False,
+    report: str = REPORT_FILE,
+    lenient: bool = False,
+) -> list[str]:
+    """``ModelError`` naming every file that no longer matches the import's record.
+
+    ``lenient``: an edited settings file (JSON, Jinja) is returned as a note instead of refused.
+    """
     folder = Path(folder)
     problems = changed_files(folder, full=full, report=report)
+    notes = [p for p in problems if lenient and _edited_settings(p)]
+    problems = [p for p in problems if p not in notes]
     if problems:
         raise ModelError(
             f"{folder} changed since it was imported ({len(problems)} file"
@@ -87,6 +101,12 @@ def verify_folder(folder: str | Path, *, full: bool = False, report: str = REPOR
             + ". Pull it again (genai-runtime pull NAME re-imports it), or import the GGUF "
             "again with --force"
         )
+    return [f"{folder}: {note} (edited since the import)" for note in notes]
+
+
+def _edited_settings(problem: str) -> bool:
+    name, _, what = problem.partition(": ")
+    return name.endswith(SETTINGS_SUFFIXES) and what not in ("missing", "not a file of this folder")
 
 
 def _record(folder: Path, report: str) -> dict[str, dict[str, Any]]:

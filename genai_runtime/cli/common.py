@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,13 +144,16 @@ def load_model(
     """The model and its tokenizer, from a folder or the name of a pulled model.
 
     A folder an import wrote is first checked against the file hashes it recorded: sizes and
-    modification times (a changed file is hashed), or every file's hash with ``verify``."""
+    modification times (a changed file is hashed; an edited settings file is only noted), or
+    every file's hash with ``verify`` (any change refused)."""
     from ..folder_hashes import verify_folder
     from ..model import Model
     from ..tokenizer import Tokenizer
 
     path = Path(model_path(model_dir))
     if path.is_dir() or path.is_file():  # else Model names what is wrong with the path
-        verify_folder(path if path.is_dir() else path.parent, full=verify)
+        folder = path if path.is_dir() else path.parent
+        for note in verify_folder(folder, full=verify, lenient=not verify):
+            print(f"note: {note}", file=sys.stderr)
     model = Model(model_config(str(path), device), trust_remote_code=trust)
     return model, Tokenizer(model)

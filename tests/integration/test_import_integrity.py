@@ -127,6 +127,22 @@ def test_verify_hashes_files_whose_size_and_mtime_still_match(tiny, tmp_path, ca
     assert changed_files(out) == ["tokenizer.json: missing"]
 
 
+def test_an_edited_settings_file_is_noted_and_refused_only_when_verifying(tiny, tmp_path, capsys):
+    """People edit an imported folder's JSON by hand (a chat template, say): run notes it and
+    runs; --verify and Model(verify=True) refuse any change."""
+    out = tmp_path / "model"
+    import_gguf(tiny, out)
+    path = out / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "model_max_length": 64}))
+    assert main(["run", str(out), "--raw", " the", "--max-new-tokens", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "note: " in err and "tokenizer_config.json: 410 bytes" in err and "edited since" in err
+    assert main(["run", str(out), "--verify", "--raw", " the", "--max-new-tokens", "1"]) == 1
+    assert "changed since it was imported (1 file): tokenizer_config" in capsys.readouterr().err
+    with pytest.raises(ModelError, match=r"tokenizer_config\.json: 410 bytes"):
+        og.Model(out, verify=True)
+
+
 def test_pull_imports_a_changed_folder_again(tiny, tmp_path, capsys):
     """The verified GGUF kept in <cache>/.gguf needs no download: pull re-imports from it."""
     root = tmp_path / "cache"
