@@ -13,6 +13,7 @@ import onnxruntime as ort
 from .config import load
 from .config.loader import deep_merge, parse_json_text
 from .errors import ConfigError, TrustError, UnsupportedError
+from .folder_hashes import verify_folder
 from .plugins import load_controller
 from .routing import Route, classify
 from .runtime.driver import DriverFactory
@@ -130,9 +131,11 @@ class Model:
         trust_remote_code: bool = False,
         root: PathLike | None = None,
         turns: bool = False,
+        verify: bool = False,
     ):
         """``turns``: another model's sessions run between this one's on every token (a
-        speculative target beside its draft): thread pools then park after each run."""
+        speculative target beside its draft): thread pools then park after each run.
+        ``verify``: hash every file an import recorded and refuse the folder if one changed."""
         if not isinstance(config, Config | str | os.PathLike):
             raise ConfigError([f"Model(config): expected a Config or a path, got {shown(config)}"])
         if not isinstance(config, Config):
@@ -142,6 +145,8 @@ class Model:
         self.spec: PipelineSpec = spec
         self.route: Route = classify(spec)
         self.model_dir: Path = spec.model_dir or config.path
+        if verify:
+            verify_folder(self.model_dir, full=True)
         if spec.plugin is not None and not trust_remote_code:
             where = spec.plugin.library or spec.plugin.module
             raise TrustError(

@@ -279,6 +279,7 @@ class PipelineSpec:
     source_version: int = 2
     extends: tuple[str, ...] = ()  # preset chain, nearest first
     model_dir: Path | None = None
+    root: Path | None = None  # where the folder's files may resolve (None: the folder itself)
 
     def steps(self, phase: Phase) -> tuple[FlowStep, ...]:
         return tuple(s for s in self.flow if s.when == phase)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 # CLI flag -> onnxruntime-genai search option, for run / chat.
@@ -19,16 +21,17 @@ SEARCH_FLAGS = {
 }
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low``."""
+def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (and <= ``high`` when given)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        if value < low or (high is not None and value > high):
+            wanted = f">= {low}" if high is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"expected an integer {wanted}, got {value}")
         return value
 
     return parse
@@ -135,10 +138,22 @@ def model_config(path: str, device: str | None = None) -> Any:
     return config
 
 
-def load_model(model_dir: str, trust: bool = False, device: str | None = None) -> tuple[Any, Any]:
-    """The model and its tokenizer, from a folder or the name of a pulled model."""
+def load_model(
+    model_dir: str, trust: bool = False, device: str | None = None, verify: bool = False
+) -> tuple[Any, Any]:
+    """The model and its tokenizer, from a folder or the name of a pulled model.
+
+    A folder an import wrote is first checked against the file hashes it recorded: sizes and
+    modification times (a changed file is hashed; an edited settings file is only noted), or
+    every file's hash with ``verify`` (any change refused)."""
+    from ..folder_hashes import verify_folder
     from ..model import Model
     from ..tokenizer import Tokenizer
 
-    model = Model(model_config(model_path(model_dir), device), trust_remote_code=trust)
+    path = Path(model_path(model_dir))
+    if path.is_dir() or path.is_file():  # else Model names what is wrong with the path
+        folder = path if path.is_dir() else path.parent
+        for note in verify_folder(folder, full=verify, lenient=not verify):
+            print(f"note: {note}", file=sys.stderr)
+    model = Model(model_config(str(path), device), trust_remote_code=trust)
     return model, Tokenizer(model)

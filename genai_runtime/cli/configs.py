@@ -43,7 +43,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         check = check_graphs(spec)
         for warning in check.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        errors = check.errors + folder_problems(spec.model_dir, spec.tokens)
+        errors = check.errors + folder_problems(spec.model_dir, spec.tokens, spec.root)
         if errors:
             for error in errors:
                 print(f"error: {error}", file=sys.stderr)
@@ -63,7 +63,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     report = explain_spec(
         spec,
         pipeline=pipeline,
-        source=str(find_config_file(args.path)),
+        source=str(find_config_file(args.path, spec.root)),
         version=spec.source_version,
         graph_note=note,
     )

@@ -48,6 +48,11 @@ def add_parsers(sub: Any) -> None:
     )
     add_trust_arg(p)
     add_device_arg(p)
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every file an import recorded (default: size and mtime) before running",
+    )
     source = p.add_mutually_exclusive_group()
     source.add_argument("-p", "--prompt", help="prompt text")
     source.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE")
@@ -159,7 +164,9 @@ def _extras_needed(args: argparse.Namespace) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     _extras_needed(args)
-    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
+    model, tokenizer = load_model(
+        args.model_dir, args.trust_remote_code, args.device, verify=args.verify
+    )
     if args.audio is not None and args.prompt is None:
         args.prompt = TRANSCRIBE_PROMPT
     constrained = (args.json_schema, args.lark, args.regex, args.max_new_tokens, args.max_length)

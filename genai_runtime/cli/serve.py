@@ -15,7 +15,7 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the server extra)")
     p.add_argument("model_dir", metavar="MODEL", help="model folder or pulled name")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=at_least(0), default=8000, help="0 picks a free port")
+    p.add_argument("--port", type=at_least(0, 65535), default=8000, help="0 picks a free port")
     p.add_argument("--api-key", metavar="K", help="require Authorization: Bearer K")
     p.add_argument(
         "--insecure", action="store_true", help="allow a non-loopback host without an API key"

@@ -47,7 +47,7 @@ def load(
 
     ``root`` widens where config file names may point (default: the model folder itself).
     """
-    loaded = load_document(path, overlay)
+    loaded = load_document(path, overlay, root=Path(root) if root is not None else None)
     source = str(loaded.path)
     root_dir = Path(root) if root is not None else None
     problems = check_paths(loaded.doc, loaded.model_dir, root_dir)
@@ -56,7 +56,7 @@ def load(
     doc = to_v2(loaded.doc, loaded.version)
     doc, chain = resolve_presets(doc, [Path(p) for p in preset_dirs])
     validate_document(doc, 2, source=f"{source} (after translation and presets)")
-    spec = build_spec(doc, loaded.model_dir, chain, source_version=loaded.version)
+    spec = build_spec(doc, loaded.model_dir, chain, source_version=loaded.version, root=root_dir)
     problems = [
         p
         for name, s in spec.sessions.items()

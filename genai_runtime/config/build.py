@@ -52,6 +52,7 @@ def build_spec(
     model_dir: Path | None = None,
     extends: Sequence[str] = (),
     source_version: int = 2,
+    root: Path | None = None,
 ) -> PipelineSpec:
     pipeline = doc.get("pipeline", {})
     sessions = {name: _session(name, body) for name, body in pipeline.get("sessions", {}).items()}
@@ -79,6 +80,7 @@ def build_spec(
         max_stages=pipeline.get("max_stages", DEFAULT_MAX_STAGES),
         extends=tuple(extends),
         model_dir=model_dir,
+        root=root,
         source_version=source_version,
     )
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checks import is_number
 from ..errors import ConfigError, ConfigProblem
+from ..folder_paths import folder_file
 from . import validated
 from .bounded import CONFIG_LIMITS, LimitError, clip_text, load_json, load_yaml, read_bounded
 from .pulled import cache_root, is_model_name, pulled_folder
@@ -131,9 +132,10 @@ def _types(schema: dict) -> list[str]:
 # Finding and reading files
 
 
-def find_config_file(path: str | Path) -> Path:
-    """The config file for ``path``: a file itself, genai_config.json/.yaml/.yml in a folder, or
-    the config of a pulled model when ``path`` is a model name (``genai-runtime pull NAME``)."""
+def find_config_file(path: str | Path, root: Path | None = None) -> Path:
+    """The config file for ``path``: a file itself, genai_config.json/.yaml/.yml in a folder
+    (whose resolved path must stay inside the folder, or ``root``), or the config of a pulled
+    model when ``path`` is a model name (``genai-runtime pull NAME``)."""
     if not isinstance(path, str | Path) or isinstance(path, bool):
         message = f"expected a model folder or config file path, got {type(path).__name__}"
         raise ConfigError.at("", message)
@@ -143,7 +145,7 @@ def find_config_file(path: str | Path) -> Path:
         if p.is_dir():
             for name in CONFIG_NAMES:
                 if (p / name).is_file():
-                    return p / name
+                    return folder_file(p, name, root)
             wanted = ", ".join(CONFIG_NAMES[:-1]) + f" or {CONFIG_NAMES[-1]}"
             raise ConfigError.at("", f"no {wanted} in folder {shown}", shown)
         if p.is_file():
@@ -161,9 +163,9 @@ def find_config_file(path: str | Path) -> Path:
     raise ConfigError.at("", message, shown)
 
 
-def read_document(path: str | Path) -> tuple[dict, Path]:
+def read_document(path: str | Path, root: Path | None = None) -> tuple[dict, Path]:
     """Read a config (JSON, or YAML by suffix) and return it with the file it came from."""
-    file = find_config_file(path)
+    file = find_config_file(path, root)
     source = str(file)
     try:
         # builder files may start with a BOM
@@ -314,10 +316,10 @@ def _parse_overlay(overlay: Mapping[str, Any] | str) -> Mapping[str, Any]:
 
 
 def load_document(
-    path: str | Path, overlay: Mapping[str, Any] | str | None = None
+    path: str | Path, overlay: Mapping[str, Any] | str | None = None, root: Path | None = None
 ) -> LoadedDocument:
     """Find, read, overlay, version and validate a config. Raises ``ConfigError`` on any problem."""
-    doc, file = read_document(path)
+    doc, file = read_document(path, root)
     if overlay:  # an empty overlay string is no overlay, as in onnxruntime-genai
         doc = deep_merge(doc, _parse_overlay(overlay))
     try:

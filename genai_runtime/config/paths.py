@@ -7,42 +7,24 @@ holds a target and a draft model side by side), never the config itself.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigProblem, PathEscapeError
+from ..errors import ConfigProblem
+from ..folder_paths import folder_file, path_problem, resolve_inside
+
+__all__ = [
+    "CODE_KEYS",
+    "check_paths",
+    "file_entries",
+    "folder_file",
+    "path_problem",
+    "resolve_inside",
+]
 
 _FILE_KEYS = ("filename", "file")
 # Keys whose value is native code to load: allowed only with the caller's trust flag.
 CODE_KEYS = ("custom_ops_library", "library")
-_MAX_NAME_CHARS = 200  # longer names are quoted cut short in messages
-
-
-def resolve_inside(model_dir: Path, name: str, root: Path | None, where: str) -> Path:
-    """``model_dir / name`` if it stays inside ``root``; else a PathEscapeError naming ``where``."""
-    problem = path_problem(model_dir, name, root, where)
-    if problem:
-        raise PathEscapeError([problem])
-    return (model_dir / name).resolve()
-
-
-def path_problem(model_dir: Path, name: str, root: Path | None, where: str) -> ConfigProblem | None:
-    if not name:
-        return ConfigProblem(where, "expected a file name, got an empty string")
-    shown = repr(name) if len(name) <= _MAX_NAME_CHARS else repr(name[:_MAX_NAME_CHARS]) + "..."
-    if len(name) > _MAX_NAME_CHARS * 20 or "\x00" in name:
-        return ConfigProblem(where, f"expected a usable file name, got {shown} ({len(name)} chars)")
-    if PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute():
-        return ConfigProblem(where, f"absolute paths are not allowed, got {shown}")
-    base = (root or model_dir).resolve()
-    target = (model_dir / name).resolve()
-    if target != base and base not in target.parents:
-        return ConfigProblem(
-            where,
-            f"{shown} resolves to {target}, outside the model folder {base} "
-            "(pass an explicit root to allow sibling folders)",
-        )
-    return None
 
 
 def file_entries(doc: Any, path: str = "") -> Iterator[tuple[str, str, str]]:

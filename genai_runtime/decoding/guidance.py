@@ -24,12 +24,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError, UnsupportedError
+from ..folder_paths import folder_file
 from .processors import LOWEST
 
 GUIDANCE_KINDS = ("json_schema", "regex", "lark_grammar")
 # _BANNED_BITS[byte, i]: bit i (little-endian) of ``byte`` is clear, i.e. that token is banned.
 _BANNED_BITS = ((np.arange(256)[:, None] >> np.arange(8)) & 1) == 0
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON nesting of a schema (two levels per nested "properties"): jsonschema's own check
+# recurses past Python's limit near 200; real schemas stay far below this.
+MAX_SCHEMA_DEPTH = 100
 
 
 def _llguidance() -> Any:
@@ -57,9 +61,22 @@ def load_tokenizer(tokenizer_json: Path, vocab_size: int, eos_token_ids: Sequenc
     """llguidance's view of ``tokenizer.json`` (cached per file, size and modification time)."""
     if not tokenizer_json.is_file():
         raise GenerationError(f"constrained decoding needs {tokenizer_json}, which is missing")
+    folder_file(tokenizer_json.parent, tokenizer_json.name)  # no symlink out of the folder
     st = tokenizer_json.stat()
     eos = tuple(int(e) for e in eos_token_ids if 0 <= e < vocab_size)
     return _tokenizer(str(tokenizer_json), (st.st_size, st.st_mtime_ns), vocab_size, eos)
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether lists/dicts in ``doc`` nest deeper than ``limit`` (walked without recursion)."""
+    stack = [(doc, 1)] if isinstance(doc, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
 
 
 def grammar_source(kind: str, data: Any, *, where: str = "guidance") -> str:
@@ -74,15 +91,20 @@ def grammar_source(kind: str, data: Any, *, where: str = "guidance") -> str:
         raise GenerationError(f"{where}: unknown guidance type {kind!r} (expected: {expected})")
     if kind == "json_schema":
         schema = data
+        deep = f"{where}: json_schema nests deeper than {MAX_SCHEMA_DEPTH} levels"
         if isinstance(data, (str, bytes)):
             try:
                 schema = json.loads(data)
+            except RecursionError:
+                raise GenerationError(deep) from None
             except ValueError as error:
                 raise GenerationError(f"{where}: json_schema is not valid JSON: {error}") from None
         if not isinstance(schema, (dict, bool)):
             raise GenerationError(
                 f"{where}: json_schema must be a JSON object, got {type(schema).__name__}"
             )
+        if _deeper_than(schema, MAX_SCHEMA_DEPTH):  # the validators recurse per level
+            raise GenerationError(deep)
         import jsonschema
 
         try:

@@ -36,6 +36,11 @@ def add_parsers(sub: Any) -> None:
         metavar="DIR",
         help=f"model cache (default ${CACHE_ENV}, else $XDG_CACHE_HOME/genai_runtime/models)",
     )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every file of an already pulled model (default: size and mtime)",
+    )
     _add_build_args(p)
     p.set_defaults(func=cmd_pull)
     _add_manage_parsers(sub)
@@ -159,6 +164,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             accuracy_level=args.accuracy_level,
             max_seq_len=args.max_seq_len,
             force=args.force,
+            verify=args.verify,
             quiet=args.quiet,
             progress_factory=bars.bytes,
             on_tensor=bars.tensor,

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GenaiRuntimeError, ModelError, UnsupportedError
+from ..folder_hashes import OLD_REPORT_FILE, REPORT_FILE, record_files
 from .checkpoint import Checkpoint, Hyper
+from .destination import check_destination
 from .gemma3_graph import build_gemma3_decoder, genai_config_extras
 from .gguf_file import GGUFModel
 from .hf_folder import HFCheckpoint
@@ -31,7 +33,6 @@ from .tokenizer_json import tokenizer_config, tokenizer_json
 # --cache value -> whether one preallocated buffer is read and written in place.
 CACHE_LAYOUTS: dict[str, bool] = {"share-buffer": True, "concat": False, "static-scatter": False}
 DEFAULT_MAX_SEQ_LEN = 2048  # static-scatter: the caches are allocated whole, so not 8k+
-REPORT_FILE = "import.json"
 # The fast CPU default: 4-bit weights, int8 activations in MatMulNBits (the reference builder's
 # CPU default). --accuracy-level 0 keeps fp32 activations: exact weights, exact math, ~2x slower.
 DEFAULT_QUANT, DEFAULT_ACCURACY = "int4", FAST_ACCURACY
@@ -194,8 +195,7 @@ def import_model(
             f"--max-seq-len {max_seq_len}: a positive length, and only with --cache static-scatter"
         )
     out = Path(out_dir)
-    if out.exists() and not force:
-        raise GenaiRuntimeError(f"{out} already exists; pass --force to replace it")
+    check_destination(Path(source), out, force=force, reports=(REPORT_FILE, OLD_REPORT_FILE))
     start = time.perf_counter()
     model = open_checkpoint(source)
     h = model.hyper
@@ -273,6 +273,7 @@ def import_model(
             (tmp / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", "utf-8")
         for name, path in copies.items():
             shutil.copyfile(path, tmp / name)
+        record_files(tmp, REPORT_FILE)  # what `pull` and `run` check the folder against
         _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

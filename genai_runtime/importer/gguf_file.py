@@ -11,6 +11,7 @@ prefix and which family quirks (``checkpoint.FAMILIES``) apply. A file that cann
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import ModelError, UnsupportedError
+from . import gguf_checks
 from .checkpoint import Hyper, Rope, SourceWeight, check_shapes, family_for, longrope_scale
 from .weights import Blocks, check_type, dequantize, to_blocks, type_name, unpermute_rows
 
@@ -65,13 +67,16 @@ class _Header:
 
     def __init__(self, f: BinaryIO, path: Path):
         self.f, self.path = f, path
+        self.size = path.stat().st_size
 
     def take(self, n: int) -> bytes:
-        raw = self.f.read(n)
+        # Checked before read(n), which allocates n bytes whatever the file holds.
+        short = self.f.tell() + n - self.size
+        raw = self.f.read(n) if short <= 0 else b""
         if len(raw) != n:
             raise ModelError(
-                f"{self.path}: not a readable GGUF file: the header ends at byte {self.f.tell()} "
-                f"({n - len(raw)} bytes short); the file may be truncated or corrupt"
+                f"{self.path}: not a readable GGUF file: the header ends at byte {self.size} "
+                f"({max(short, n - len(raw))} bytes short); the file may be truncated or corrupt"
             )
         return raw
 
@@ -84,20 +89,28 @@ class _Header:
             raise ModelError(f"{self.path}: not a readable GGUF file: a string of {n} bytes")
         return self.take(n).decode("utf-8", errors="surrogateescape")
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, keep: bool = True) -> Any:
+        """One value; an array is built only when ``keep`` (numbers as a NumPy array)."""
         if kind == _STRING:
             return self.string()
         if kind == _ARRAY:
             item, count = self.unpack("<I"), self.unpack("<Q")
             if item == _STRING:
+                if count * 8 > self.size:  # every string takes 8 bytes of length at least
+                    self.take(count * 8)  # names the end of the file
+                if not keep:
+                    for _ in range(count):
+                        self.f.seek(self.unpack("<Q"), 1)
+                    return gguf_checks.SkippedArray(item, count)
                 return [self.string() for _ in range(count)]
             fmt = _SCALARS.get(item)
             if fmt is None:
                 raise ModelError(f"{self.path}: not a readable GGUF file: array of type {item}")
-            size = struct.calcsize(fmt)
-            if count > 1 << 32:
-                raise ModelError(f"{self.path}: not a readable GGUF file: {count} array items")
-            return np.frombuffer(self.take(size * count), dtype=np.dtype(fmt)).tolist()
+            size = struct.calcsize(fmt) * count
+            if not keep and self.f.tell() + size <= self.size:
+                self.f.seek(size, 1)
+                return gguf_checks.SkippedArray(item, count)
+            return np.frombuffer(self.take(size), dtype=np.dtype(fmt))
         fmt = _SCALARS.get(kind)
         if fmt is None:
             raise ModelError(f"{self.path}: not a readable GGUF file: value type {kind}")
@@ -116,16 +129,19 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
         if version not in (2, 3):
             raise UnsupportedError(f"{path}: GGUF version {version} is not supported: 2, 3 are")
         n_tensors, n_kv = h.unpack("<Q"), h.unpack("<Q")
+        gguf_checks.check_counts(path, n_tensors, n_kv)
         meta: dict[str, Any] = {}
         for _ in range(n_kv):
             key = h.string()
-            meta[key] = h.value(h.unpack("<I"))
+            meta[key] = h.value(h.unpack("<I"), keep=gguf_checks.keeps_array(key))
+        align = gguf_checks.alignment(path, meta)
         infos = []
         for _ in range(n_tensors):
             name = h.string()
-            dims = tuple(h.unpack("<Q") for _ in range(h.unpack("<I")))
+            n_dims = h.unpack("<I")
+            dims = tuple(h.unpack("<Q") for _ in range(min(n_dims, gguf_checks.MAX_DIMS)))
             infos.append((name, dims, h.unpack("<I"), h.unpack("<Q")))
-        align = int(meta.get("general.alignment", 32))
+            gguf_checks.check_tensor(path, name, n_dims, dims, infos[-1][3], align)
         start = -(-f.tell() // align) * align
     size = path.stat().st_size
     mm = np.memmap(path, dtype=np.uint8, mode="r") if size > start else np.zeros(0, np.uint8)
@@ -143,7 +159,7 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
                 f"{path}: tensor {name!r} shape {list(dims)} does not fit {qtype.name}"
             )
         row_bytes = dims[0] // block * block_bytes
-        rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
+        rows = math.prod(dims[1:])
         begin, end = start + offset, start + offset + rows * row_bytes
         if end > size:
             raise ModelError(
@@ -179,6 +195,7 @@ class GGUFModel:
             ) from exc
         self.arch = str(self.meta("general.architecture"))
         self.family = family_for(self.arch, self.source, "GGUF architecture")
+        gguf_checks.check_metadata(self.path, self.fields, self.arch, len(self.tensors))
         for t in self.tensors.values():
             check_type(t, self.source)
         self.hyper = self._hyper()
@@ -263,6 +280,8 @@ class GGUFModel:
         """Sliding-window layers: from ``{arch}.attention.sliding_window_pattern`` (every Nth
         layer global, or one flag per layer) when the file has it, else the family's pattern."""
         pattern = self.meta(f"{self.arch}.attention.sliding_window_pattern", None)
+        if isinstance(pattern, np.ndarray):
+            pattern = pattern.tolist()
         if isinstance(pattern, list):
             if len(pattern) != layers:
                 raise ModelError(
@@ -333,7 +352,8 @@ def vocab_from_metadata(fields: dict[str, Any], path: Path) -> Vocab:
         return tuple(str(x) for x in fields.get(key, ()))
 
     def numbers(key: str) -> tuple[Any, ...]:
-        return tuple(fields.get(key, ()))
+        values = fields.get(key, ())  # the reader keeps numeric arrays as NumPy arrays
+        return tuple(values.tolist() if isinstance(values, np.ndarray) else values)
 
     def opt_int(key: str) -> int | None:
         value = meta(key, None)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..config.bounded import CONFIG_LIMITS, TOKENIZER_LIMITS, LimitError, load_json, read_bounded
 from ..errors import ModelError, UnsupportedError
+from ..folder_paths import folder_file
 from .checkpoint import FAMILIES, Family, Hyper, Rope, SourceWeight, check_shapes, longrope_scale
 from .safetensors_file import SafetensorsFile
 
@@ -96,6 +97,7 @@ class HFCheckpoint:
             if required:
                 raise ModelError(f"{self.path}: no {name}")
             return {}
+        folder_file(self.path, name)  # a symlink must not read a file outside the folder
         try:
             doc = load_json(read_bounded(path, CONFIG_LIMITS.max_bytes), CONFIG_LIMITS)
         except (OSError, ValueError, LimitError) as exc:
@@ -135,7 +137,7 @@ class HFCheckpoint:
 
     def tokenizer_files(self) -> dict[str, Path]:
         """The tokenizer files to copy (name -> path); tokenizer.json must be one."""
-        found = {n: self.path / n for n in TOKENIZER_FILES if (self.path / n).is_file()}
+        found = {n: folder_file(self.path, n) for n in TOKENIZER_FILES if (self.path / n).is_file()}
         if "tokenizer.json" not in found:
             raise ModelError(
                 f"{self.path}: no tokenizer.json (the fast tokenizer's file, which "

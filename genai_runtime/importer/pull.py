@@ -19,8 +19,9 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import DownloadError
+from ..errors import DownloadError, ModelError
 from ..extras import require_extra
+from ..folder_hashes import changed_files
 from .cache import cache_root
 from .catalogue import Source, source_for
 from .folder import DEFAULT_ACCURACY, DEFAULT_QUANT, check_settings, import_model
@@ -147,17 +148,29 @@ def pull(
     accuracy_level: int = DEFAULT_ACCURACY,
     max_seq_len: int | None = None,
     force: bool = False,
+    verify: bool = False,
     quiet: bool = False,
     source: Source | None = None,
     progress_factory=None,
     on_tensor: Callable[[str, int], None] | None = None,
 ) -> tuple[Path, bool]:
-    """Make ``<cache>/NAME`` a model folder; returns (folder, whether it was imported now)."""
+    """Make ``<cache>/NAME`` a model folder; returns (folder, whether it was imported now).
+
+    A folder already there is checked against the hashes its import recorded (size and mtime;
+    every byte with ``verify``) and imported again when it changed."""
     src = source or source_for(name)
     root = cache_root(cache_dir)
     out = root / name
     if (out / "genai_config.json").is_file() and not force:
-        return out, False
+        try:
+            changed = changed_files(out, full=verify)
+        except ModelError as exc:  # an unreadable record: import again as well
+            changed = [str(exc)]
+        if not changed:
+            return out, False
+        if not quiet:
+            print(f"{out} changed since its import ({'; '.join(changed[:3])}): importing it "
+                  "again", file=sys.stderr)  # fmt: skip
     check_settings(quant, accuracy_level, cache)
     require_extra("gguf", "pull")  # before anything is downloaded
     gguf = fetch_gguf(src, root, quiet=quiet, progress_factory=progress_factory)

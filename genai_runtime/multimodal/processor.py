@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..errors import GenerationError, ModelError, UnsupportedError
+from ..folder_paths import folder_file
 from .inputs import Audios, Images
 from .tensors import NamedTensors
 
@@ -69,8 +70,13 @@ class MultiModalProcessor:
                 )
             from ..audio import FeatureConfig  # audio code loads only when audio is processed
 
-            self._audio_config = FeatureConfig.from_file(path)
+            self._audio_config = FeatureConfig.from_file(self._folder_file(AUDIO_CONFIG))
         return self._audio_config
+
+    def _folder_file(self, name: str) -> Path:
+        """A processor config of the model folder; its resolved path must stay inside it."""
+        spec = getattr(self.model, "spec", None)
+        return folder_file(Path(self.model.model_dir), name, getattr(spec, "root", None))
 
     def __call__(
         self,
@@ -145,7 +151,7 @@ class MultiModalProcessor:
                     f"{path}: not found; the model folder has no image processor config"
                 )
             try:
-                config = json.loads(path.read_text(encoding="utf-8"))
+                config = json.loads(self._folder_file(IMAGE_CONFIG).read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
                 raise ModelError(f"{path}: cannot read it ({exc})") from None
             self._image_transform = image_transform(config, str(path))

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..config.bounded import LimitError, clip_text
 from ..errors import GenaiRuntimeError, TokenizerError
+from ..folder_paths import folder_file
 from .files import added_tokens, parse_bool_option, read_json, token_text, tokenizer_meta
 from .templates import ChatTemplates, json_arg, locate_contents
 from .utf8 import SPM_SPACE, UTF8_LEN, byte_level_bytes, finish_text, is_one_valid_char
@@ -62,7 +63,8 @@ class Tokenizer:
         eos = tuple(getattr(tokens, "eos", ()) or ())
         pad = getattr(tokens, "pad", None)
         extra = dict(getattr(tokens, "extra", None) or {})
-        self._setup(model_dir, bos, eos, pad, extra)
+        root = getattr(getattr(model, "spec", None), "root", None)  # Model(..., root=) widens it
+        self._setup(model_dir, bos, eos, pad, extra, root)
 
     @classmethod
     def from_dir(
@@ -72,10 +74,13 @@ class Tokenizer:
         bos_token_id: int | None = None,
         eos_token_ids: Iterable[int] = (),
         pad_token_id: int | None = None,
+        root: str | Path | None = None,
     ) -> Tokenizer:
-        """Load the tokenizer of ``model_dir``; explicit ids override tokenizer_config.json."""
+        """Load the tokenizer of ``model_dir``; explicit ids override tokenizer_config.json.
+        ``root`` widens where the folder's files may resolve (default: the folder itself)."""
         tok = cls.__new__(cls)
-        tok._setup(Path(model_dir), bos_token_id, tuple(eos_token_ids), pad_token_id, {})
+        root = Path(root) if root is not None else None
+        tok._setup(Path(model_dir), bos_token_id, tuple(eos_token_ids), pad_token_id, {}, root)
         return tok
 
     # -- loading ------------------------------------------------------------------------------
@@ -87,11 +92,14 @@ class Tokenizer:
         eos: tuple[int, ...],
         pad: int | None,
         extra: dict[str, int],
+        root: Path | None = None,
     ) -> None:
         self.model_dir = model_dir
+        self._root = root
         tok_path = model_dir / "tokenizer.json"
         if not tok_path.is_file():
             raise TokenizerError(f"no tokenizer.json in {model_dir}")
+        folder_file(model_dir, tok_path.name, root)  # a symlink must not read files elsewhere
         try:
             from tokenizers import Tokenizer as HfTokenizer  # imported when first needed
 
@@ -109,7 +117,10 @@ class Tokenizer:
         except Exception as exc:  # tokenizers raises plain Exception on bad files
             raise TokenizerError(f"cannot load {tok_path}: {clip_text(str(exc))}") from exc
         cfg_path = model_dir / "tokenizer_config.json"
-        cfg = read_json(cfg_path, "tokenizer config") if cfg_path.is_file() else {}
+        if cfg_path.is_file():
+            cfg = read_json(folder_file(model_dir, cfg_path.name, root), "tokenizer config")
+        else:
+            cfg = {}
         if not isinstance(cfg, dict):
             raise TokenizerError(f"{cfg_path} must hold a JSON object")
         try:
@@ -180,7 +191,7 @@ class Tokenizer:
             pad = cfg_pad if cfg_pad is not None else (self._eos[0] if self._eos else 0)
         self._pad = int(pad)
         self._extra = extra
-        self.templates = ChatTemplates.load(model_dir, cfg)
+        self.templates = ChatTemplates.load(model_dir, cfg, self._root)
 
     @staticmethod
     def _detect_spm(spec: dict[str, Any], model: dict[str, Any]) -> tuple[bool, bool]:
@@ -639,13 +650,17 @@ class TokenizerStream:
         return out.decode("utf-8")
 
 
-def folder_problems(model_dir: Path | None, tokens: Any) -> list[str]:
+def folder_problems(model_dir: Path | None, tokens: Any, root: Path | None = None) -> list[str]:
     """Load a folder's tokenizer (if it has one) and compile its chat templates (``validate``)."""
     if model_dir is None or not (model_dir / "tokenizer.json").is_file():
         return []
     try:
         tokenizer = Tokenizer.from_dir(
-            model_dir, bos_token_id=tokens.bos, eos_token_ids=tokens.eos, pad_token_id=tokens.pad
+            model_dir,
+            bos_token_id=tokens.bos,
+            eos_token_ids=tokens.eos,
+            pad_token_id=tokens.pad,
+            root=root,
         )
         tokenizer.templates.check()
     except GenaiRuntimeError as exc:

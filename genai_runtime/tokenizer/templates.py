@@ -1,4 +1,5 @@
-"""Chat templates: jinja2 in a sandbox, configured like Hugging Face transformers.
+"""Chat templates: jinja2 in a bounded sandbox (``sandbox.py``), configured like Hugging Face
+transformers.
 
 A folder's templates come from ``chat_template.jinja``, else ``tokenizer_config.json``'s
 ``chat_template`` (one string, or a list of named ones), else ``chat_template.json``. Message
@@ -18,7 +19,9 @@ from typing import Any
 
 from ..config.bounded import TOKENIZER_LIMITS, LimitError, clip_text, load_json, read_bounded
 from ..errors import TokenizerError
+from ..folder_paths import folder_file
 from .files import read_json
+from .sandbox import TemplateLimitError, environment_class, render_bounded, text_size
 
 
 class _TemplateRaised(Exception):
@@ -48,18 +51,17 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=1)
 def _template_env():
-    # Imported here: jinja2 is only needed once a chat template is rendered.
+    # Built here: jinja2 is only needed once a chat template is rendered.
     import jinja2.ext
-    import jinja2.sandbox
 
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    env = environment_class()(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[jinja2.ext.loopcontrols],
         # None prints as "" (the reference does this; plain jinja2 would print "None").
         finalize=lambda value: "" if value is None else value,
     )
-    env.filters["tojson"] = _tojson
+    env.install_filters({"tojson": _tojson})
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -139,10 +141,13 @@ class ChatTemplates:
         self.model_dir = model_dir
 
     @classmethod
-    def load(cls, model_dir: Path, cfg: Mapping[str, Any]) -> ChatTemplates:
+    def load(
+        cls, model_dir: Path, cfg: Mapping[str, Any], root: Path | None = None
+    ) -> ChatTemplates:
         """Named chat templates: chat_template.jinja, else tokenizer_config.json, else
-        chat_template.json. A single template is stored under "default"."""
-        return cls(_read_templates(model_dir, cfg), model_dir)
+        chat_template.json. A single template is stored under "default". Template files must
+        resolve inside the folder (or ``root``)."""
+        return cls(_read_templates(model_dir, cfg, root), model_dir)
 
     def check(self) -> None:
         """Compile every template (``validate``): a syntax error is a ``TokenizerError``."""
@@ -175,8 +180,11 @@ class ChatTemplates:
         context.update(
             messages=parsed, tools=tool_list, add_generation_prompt=bool(add_generation_prompt)
         )
+        size = text_size(parsed) + text_size(tool_list) + text_size(dict(special_text))
         try:
-            return template.render(**context)
+            return render_bounded(template, context, size)
+        except TemplateLimitError as exc:
+            raise TokenizerError(f"chat template refused: {exc}") from None
         except _TemplateRaised as exc:
             raise TokenizerError(f"chat template raised an error: {exc}") from exc
         except Exception as exc:  # undefined names, type errors, sandbox violations...
@@ -199,16 +207,17 @@ class ChatTemplates:
         )
 
 
-def _read_templates(model_dir: Path, cfg: Mapping[str, Any]) -> dict[str, str]:
+def _read_templates(model_dir: Path, cfg: Mapping[str, Any], root: Path | None) -> dict[str, str]:
     jinja_file = model_dir / "chat_template.jinja"
     if jinja_file.is_file():
+        folder_file(model_dir, jinja_file.name, root)
         try:
             return {"default": read_bounded(jinja_file, TOKENIZER_LIMITS.max_bytes)}
         except (OSError, UnicodeDecodeError, LimitError) as exc:
             raise TokenizerError(f"cannot read {jinja_file}: {clip_text(str(exc))}") from exc
     source: Any = cfg.get("chat_template")
     if not source and (model_dir / "chat_template.json").is_file():
-        extra = read_json(model_dir / "chat_template.json", "chat template")
+        extra = read_json(folder_file(model_dir, "chat_template.json", root), "chat template")
         source = extra.get("chat_template") if isinstance(extra, dict) else None
     if isinstance(source, str) and source:
         return {"default": source}

@@ -18,8 +18,17 @@ PACKAGE = Path(__file__).resolve().parents[2] / "genai_runtime"
 # Bottom up. A module's floor is that of the longest prefix listed for it.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "checks"),
-    ("spec", "environment", "config.bounded", "extras"),
-    ("validation", "session", "decoding", "tokenizer", "audio", "routing", "timing"),
+    ("spec", "environment", "config.bounded", "extras", "folder_paths"),
+    (
+        "validation",
+        "session",
+        "decoding",
+        "tokenizer",
+        "audio",
+        "routing",
+        "timing",
+        "folder_hashes",
+    ),
     ("config",),
     ("kv",),
     ("runtime",),
