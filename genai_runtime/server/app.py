@@ -317,7 +317,7 @@ def _picker(eng: Engine, parsed: ParsedRequest, template: ToolTemplate | None = 
 def _tool_grammar(eng: Engine, tools: ToolRequest, fmt: Any) -> Any:
     try:
         return request_grammar(
-            eng.model, "lark_grammar", fmt.grammar(tools.callable, tools.parallel), "tools"
+            eng.model, "lark_grammar", fmt.grammar(tools.callable, tools.several), "tools"
         )
     except APIError:  # name the tool whose parameters llguidance refused
         for i, tool in enumerate(tools.tools):
@@ -332,7 +332,7 @@ def _splitter(parsed: ParsedRequest) -> CallSplitter | None:
     tools = parsed.tools
     if tools is None or not tools.calls_allowed:
         return None
-    return CallSplitter([t.name for t in tools.callable], tools.parallel)
+    return CallSplitter([t.name for t in tools.callable], tools.several)
 
 
 async def _respond(

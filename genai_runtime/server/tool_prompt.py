@@ -146,7 +146,7 @@ def instructions(request: ToolRequest) -> str:
     """The system text that describes the tools in the generic form."""
     lines = ["You can call these functions, each described as a JSON object:"]
     lines += [json.dumps(t.definition, ensure_ascii=False) for t in request.callable]
-    several = " for one call, or a JSON array of such objects for several calls" * request.parallel
+    several = " for one call, or a JSON array of such objects for several calls" * request.several
     lines.append(
         'To call a function, reply with only this JSON: {"name": <function name>, "arguments": '
         f"<object of arguments>}}{several}."

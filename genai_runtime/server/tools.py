@@ -68,6 +68,12 @@ class ToolRequest:
             return tuple(t for t in self.tools if t.name == self.named)
         return self.tools if self.calls_allowed else ()
 
+    @property
+    def several(self) -> bool:
+        """Whether one reply may hold several calls: ``parallel_tool_calls``, except that a
+        named function is called once (as OpenAI does)."""
+        return self.parallel and self.choice != "function"
+
     def definitions(self) -> list[Mapping[str, Any]]:
         return [t.definition for t in self.tools]
 
