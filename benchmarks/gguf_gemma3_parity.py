@@ -2,7 +2,7 @@
 
     python benchmarks/gguf_gemma3_parity.py [--gguf FILE] [--new-tokens 32]
 
-Imports the Gemma 3 270M Q4_K_M GGUF with ``--dtype fp32`` (or ``--dtype auto``: its Q4_K
+Imports the Gemma 3 270M Q4_K_M GGUF with ``--quant fp32`` (or ``--quant int4``: its Q4_K
 weights as MatMulNBits, the same values) into a temporary folder, then for ten
 plain prompts (BOS first; one longer than the 512-token sliding window) compares greedy tokens of
 our import run by our runtime with the builder's ``gemma-3-270m-fp32`` export (under
@@ -87,7 +87,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", type=Path, default=default)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--dtype", choices=("fp32", "auto"), default="fp32")
+    ap.add_argument("--quant", choices=("fp32", "int4"), default="fp32")
+    ap.add_argument("--accuracy-level", type=int, choices=(0, 4), default=4)
     args = ap.parse_args()
     reference = models / "gemma-3-270m-fp32"
     if args.gguf is None or not (reference / "genai_config.json").is_file():
@@ -95,8 +96,11 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        ours = import_gguf(args.gguf, Path(tmp) / args.dtype, dtype=args.dtype).out_dir
-        print(f"import --dtype {args.dtype}: {time.perf_counter() - start:.1f} s")
+        folder = Path(tmp) / args.quant
+        level = args.accuracy_level
+        ours = import_gguf(args.gguf, folder, quant=args.quant, accuracy_level=level).out_dir
+        print(f"import --quant {args.quant} --accuracy-level {level}: "
+              f"{time.perf_counter() - start:.1f} s")  # fmt: skip
         tok = og.Tokenizer(og.Model(str(ours)))
         same = ties = 0
         for prompt in PROMPTS:

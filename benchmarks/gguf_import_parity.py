@@ -2,7 +2,7 @@
 
     python benchmarks/gguf_import_parity.py [--gguf FILE] [--new-tokens 32]
 
-Imports the SmolLM2 Q4_1 GGUF three times (``--dtype fp32``; ``--dtype auto`` with MatMulNBits
+Imports the SmolLM2 Q4_1 GGUF three times (``--quant fp32``; ``--quant int4`` with MatMulNBits
 ``--accuracy-level`` 0 and 4) into a temporary folder, then for ten chat prompts compares greedy
 tokens (our runtime on every side):
 
@@ -122,13 +122,13 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = {}
-        for key, dtype, level in (("fp32", "fp32", 0), ("exact", "auto", 0), ("fast", "auto", 4)):
+        for key, quant, level in (("fp32", "fp32", 4), ("exact", "int4", 0), ("fast", "int4", 4)):
             start = time.perf_counter()
             folder = Path(tmp) / f"import-{key}"
-            import_gguf(args.gguf, folder, dtype=dtype, accuracy_level=level)
+            import_gguf(args.gguf, folder, quant=quant, accuracy_level=level)
             out[key] = folder
             print(
-                f"import {key} (--dtype {dtype} --accuracy-level {level}): "
+                f"import {key} (--quant {quant} --accuracy-level {level}): "
                 f"{time.perf_counter() - start:.1f} s"
             )
         n, ref32, ref4 = args.new_tokens, args.fp32_reference, args.int4_reference

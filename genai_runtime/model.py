@@ -206,23 +206,28 @@ class Model:
         prompt: str | None = None,
         **search_options: Any,
     ) -> str | list[str]:
-        """Greedy transcript of one audio file (a str) or several (a list, one batch)."""
-        from .generator import Generator, GeneratorParams
-        from .multimodal import Audios
+        """Greedy transcript of one audio file (a str) or several (a list). Clips of at most
+        30 s decode as the reference decodes them (one batch); longer ones window by window
+        with Whisper's timestamps (``audio.longform``)."""
+        from .audio.longform import transcribe_clips
         from .multimodal.processor import TRANSCRIBE_PROMPT
 
-        prompt = TRANSCRIBE_PROMPT if prompt is None else prompt
         paths = [audio] if isinstance(audio, (str, os.PathLike)) else list(audio)
+        clips = [(str(p), p) for p in paths]
         processor = self.create_multimodal_processor()
-        inputs = processor(prompt, audios=Audios.open(*paths))
-        params = GeneratorParams(self)
-        params.set_search_options(batch_size=len(paths), **search_options)
-        generator = Generator(self, params)
-        generator.set_inputs(inputs)
-        while not generator.is_done():
-            generator.generate_next_token()
-        texts = [processor.decode(generator.get_sequence(i)) for i in range(len(paths))]
+        prompt = TRANSCRIBE_PROMPT if prompt is None else prompt
+        found = transcribe_clips(processor, self.new_generator, clips, prompt, **search_options)
+        texts = [t.text for t in found]
         return texts[0] if isinstance(audio, (str, os.PathLike)) else texts
+
+    def new_generator(self, **search_options: Any):
+        """A fresh ``Generator`` with these search options (a convenience for drivers that
+        run one generator after another, such as long-form transcription)."""
+        from .generator import Generator, GeneratorParams
+
+        params = GeneratorParams(self)
+        params.set_search_options(**search_options)
+        return Generator(self, params)
 
     def generate(self, prompt: str | list | dict, **search_options: Any) -> Iterator[str]:
         """Stream the text generated for a prompt string or chat messages."""

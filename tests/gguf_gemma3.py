@@ -88,6 +88,7 @@ def write_tiny_gemma3(
     w.add_pad_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
+    w.add_add_space_prefix(False)  # as Gemma GGUFs state it
     q_dim, kv_dim = t["heads"] * t["head"], t["kv_heads"] * t["head"]
 
     def weight(name: str, out_f: int, in_f: int, scale: float = 0.15) -> None:

@@ -138,6 +138,24 @@ def random_q4_k(rng: np.random.Generator, rows: int, cols: int, scale: float) ->
     return raw.reshape(rows, supers * 144)
 
 
+def random_blocks(rng: np.random.Generator, qtype: Q, rows: int, cols: int) -> np.ndarray:
+    """Valid ``qtype`` rows of ``cols`` values: quantised by the ``gguf`` package where it can,
+    else random codes with fp16 scale fields set to small finite values."""
+    data = (rng.standard_normal((rows, cols)) * 0.1).astype(np.float32)
+    try:
+        return quants.quantize(data, qtype)
+    except NotImplementedError:
+        pass
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    # Offsets of the fp16 fields in one block: (d, dmin) first for Q5_K, d last for Q6_K.
+    fields = {Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q4_K: (0, 2)}[qtype]
+    for at in fields:
+        d = np.abs(rng.standard_normal((rows, cols // block)) * 0.002).astype(np.float16)
+        raw[..., at : at + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
+    return raw.reshape(rows, -1)
+
+
 # ---------------------------------------------------------------------------------------------
 # NumPy reference forward pass
 

@@ -1,6 +1,6 @@
 """Whisper log-mel features in NumPy, configured by the model's ``audio_processor_config.json``.
 
-Periodic Hann window, centered STFT (reflect padding on the left, silence on the right), power
+Periodic Hann window, centered STFT (silence padded on both sides), power
 spectrum without the last frame, the Slaney-style mel bank Whisper uses,
 ``log10(max(x, 1e-10))`` clamped to ``max - 8`` and scaled ``(x + 4) / 4``; frames past the
 audio (up to ``chunk_size`` seconds) take the clamped minimum; longer audio is trimmed.
@@ -117,11 +117,16 @@ def log_mel(pcm: np.ndarray, config: FeatureConfig | None = None) -> np.ndarray:
     limit = config.chunk_size * config.sample_rate
     pcm = pcm[:limit]
     n_fft, hop = config.n_fft, config.hop_length
+    if pcm.size < hop:  # no whole frame: the reference refuses such audio too
+        raise GenerationError(
+            f"the audio is too short: {pcm.size} samples at {config.sample_rate} Hz; at least "
+            f"{hop} ({1000 * hop / config.sample_rate:g} ms) are needed for one feature frame"
+        )
     pad = n_fft // 2
-    # Centered frames: reflected on the left; on the right the audio continues as the silence
-    # Whisper pads it with (the reference computes frames only up to the audio's end).
-    left = pcm[1 : pad + 1][::-1] if pcm.size > pad else np.zeros(pad, np.float32)
-    padded = np.concatenate([left, pcm, np.zeros(pad, np.float32)])
+    # Centered frames over silence on both sides, as the reference pads them (measured: a
+    # reflected left edge moves the first two frames by up to 0.35 on audio that starts loud).
+    silence = np.zeros(pad, np.float32)
+    padded = np.concatenate([silence, pcm, silence])
     count = 1 + (padded.size - n_fft) // hop
     frames = np.lib.stride_tricks.as_strided(
         padded, (count, n_fft), (padded.strides[0] * hop, padded.strides[0]), writeable=False

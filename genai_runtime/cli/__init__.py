@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from ..config import V2_SCHEMA_NAME
 from ..errors import ConfigError, GenaiRuntimeError
 from ..importer import commands as importer_commands
@@ -26,7 +27,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 error, 2 usage)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # argparse fills an optional positional (run's PROMPT) before the options that follow
+        # the model; a lone word left after them is that positional.
+        late = getattr(args, "late_positional", None)
+        lone_word = len(extra) == 1 and (extra[0] == "-" or not extra[0].startswith("-"))
+        if late and getattr(args, late) is None and lone_word:
+            setattr(args, late, extra.pop())
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         check = getattr(args, "check", None)
         problem = check(args) if check is not None else None
         if problem:
@@ -65,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="genai-runtime",
         description="Config-driven ONNX generative-model runtime (onnxruntime-genai compatible).",
     )
+    parser.add_argument("--version", action="version", version=f"genai-runtime {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.add_parsers(sub)

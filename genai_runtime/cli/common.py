@@ -46,7 +46,9 @@ def add_trust_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="PATH", help="model folder or config file (JSON/YAML, v1/v2)")
+    p.add_argument(
+        "path", metavar="PATH", help="model folder, config file (JSON/YAML, v1/v2) or pulled name"
+    )
     p.add_argument(
         "--config-only",
         action="store_true",
@@ -67,11 +69,22 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+SAMPLING_RULE = (
+    "Sampling: --temperature above 0, --top-p or --top-k turn sampling on (as llama.cpp and "
+    "ollama do) unless --greedy is given; --temperature 0 is greedy; with none of them the "
+    "model config's search options decide (greedy for builder exports)"
+)
+
+
 def add_search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--do-sample", action="store_true", default=None, help="sample (not greedy)")
-    p.add_argument("--top-k", type=int, metavar="K")
-    p.add_argument("--top-p", type=float, metavar="P")
-    p.add_argument("--temperature", type=float, metavar="T")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--do-sample", action="store_true", default=None, help="sample (not greedy)")
+    mode.add_argument(
+        "--greedy", action="store_true", help="always pick the most likely token (no sampling)"
+    )
+    p.add_argument("--top-k", type=int, metavar="K", help="sample from the K most likely tokens")
+    p.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling: keep mass P")
+    p.add_argument("--temperature", type=float, metavar="T", help="0: greedy; above 0: sample")
     p.add_argument("--repetition-penalty", type=float, metavar="R")
     p.add_argument("--seed", type=int, metavar="S", help="random seed for sampling")
     p.add_argument("--min-length", type=int, metavar="N", help="minimum total length")
@@ -79,11 +92,28 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 
 def search_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
+    """The search options the flags ask for, with SAMPLING_RULE applied."""
+    options = {
         option: getattr(args, flag)
         for flag, option in SEARCH_FLAGS.items()
         if getattr(args, flag) is not None
     }
+    asks_to_sample = args.top_p is not None or args.top_k is not None
+    if args.temperature is not None:
+        asks_to_sample = args.temperature > 0
+    if args.greedy:
+        options["do_sample"] = False
+    elif args.do_sample is None and asks_to_sample:
+        options["do_sample"] = True
+    return options
+
+
+def model_path(name_or_path: str) -> str:
+    """A model folder or config path as given, or a pulled model's folder for its name (with a
+    hint to pull a known model that is not pulled yet)."""
+    from ..importer.cache import resolve_model_dir
+
+    return resolve_model_dir(name_or_path)
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:
@@ -107,10 +137,8 @@ def model_config(path: str, device: str | None = None) -> Any:
 
 def load_model(model_dir: str, trust: bool = False, device: str | None = None) -> tuple[Any, Any]:
     """The model and its tokenizer, from a folder or the name of a pulled model."""
-    from ..importer.cache import resolve_model_dir
     from ..model import Model
     from ..tokenizer import Tokenizer
 
-    config = model_config(resolve_model_dir(model_dir), device)
-    model = Model(config, trust_remote_code=trust)
+    model = Model(model_config(model_path(model_dir), device), trust_remote_code=trust)
     return model, Tokenizer(model)

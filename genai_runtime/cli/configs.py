@@ -15,7 +15,7 @@ from ..explain import explain_spec, format_report
 from ..routing import classify
 from ..runtime.graph_check import check_graphs
 from ..tokenizer import folder_problems
-from .common import add_config_args
+from .common import add_config_args, model_path
 
 
 def add_parsers(sub: Any) -> None:
@@ -29,13 +29,14 @@ def add_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser("migrate", help="write the v2 form of a config (v1 or v2)")
-    p.add_argument("path", metavar="PATH", help="model folder or config file")
+    p.add_argument("path", metavar="PATH", help="model folder, config file or pulled name")
     p.add_argument("-o", "--output", metavar="OUT", help="output file (default: stdout)")
     p.add_argument("--force", action="store_true", help="allow -o to overwrite an existing file")
     p.set_defaults(func=cmd_migrate)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    args.path = model_path(args.path)
     spec = load(args.path, preset_dirs=args.presets, root=args.root)
     route = classify(spec)
     if not args.config_only:
@@ -52,6 +53,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    args.path = model_path(args.path)
     spec = load(args.path, preset_dirs=args.presets, root=args.root)
     pipeline, note = None, "--config-only"
     if not args.config_only:
@@ -73,6 +75,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    args.path = model_path(args.path)
     source = find_config_file(args.path)
     text = json.dumps(migrate_document(args.path), indent=2, ensure_ascii=False) + "\n"
     if args.output and Path(args.output).exists() and not args.force:

@@ -12,10 +12,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import GenerationError
+from ..extras import require_extra
 from ..generator import Generator, GeneratorParams
 from ..multimodal.processor import TRANSCRIBE_PROMPT
 from ..timing import Timing, peak_rss_mib, timed_generate
 from .common import (
+    SAMPLING_RULE,
     add_device_arg,
     add_search_args,
     add_trust_arg,
@@ -28,20 +30,43 @@ from .common import (
 _FILLER = "The quick brown fox jumps over the lazy dog. "
 
 
+RUN_DESCRIPTION = (
+    "Generate text for one prompt and stream it to stdout (timings on stderr). The prompt is "
+    "the PROMPT argument, -p TEXT, -f FILE, or stdin (PROMPT '-', or a pipe when no prompt is "
+    "given). A model whose folder has a chat template answers through it (--raw sends the text "
+    f"as it is). {SAMPLING_RULE}."
+)
+
+
 def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("run", help="generate text for one prompt, streamed")
-    p.add_argument("model_dir", metavar="MODEL_DIR")
+    p = sub.add_parser(
+        "run", help="generate text for one prompt, streamed", description=RUN_DESCRIPTION
+    )
+    p.add_argument("model_dir", metavar="MODEL", help="model folder, config file or pulled name")
+    p.add_argument(
+        "text", nargs="?", metavar="PROMPT", help="prompt text; - reads the prompt from stdin"
+    )
     add_trust_arg(p)
     add_device_arg(p)
-    p.add_argument("-p", "--prompt", help="prompt text (required unless --audio)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("-p", "--prompt", help="prompt text")
+    source.add_argument("-f", "--file", metavar="FILE", help="read the prompt from FILE")
     p.add_argument(
         "--audio",
         metavar="FILE",
-        help="audio file for a speech model (wav/flac/ogg/mp3; needs the 'audio' extra); the "
-        "prompt defaults to Whisper's transcription prompt",
+        help="audio file for a speech model (wav/flac/ogg/mp3; needs the 'audio' extra), of any "
+        "length; the prompt defaults to Whisper's transcription prompt",
     )
-    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    p.add_argument("--system", metavar="TEXT", help="system message (implies --chat)")
+    template = p.add_mutually_exclusive_group()
+    template.add_argument(
+        "--chat",
+        action="store_true",
+        help="apply the model's chat template (the default when the folder has one)",
+    )
+    template.add_argument(
+        "--raw", action="store_true", help="send the prompt as it is, without the chat template"
+    )
+    p.add_argument("--system", metavar="TEXT", help="system message (needs the chat template)")
     lengths = p.add_mutually_exclusive_group()
     lengths.add_argument(
         "--max-length", type=positive_int, metavar="N", help="total length, prompt included"
@@ -56,7 +81,7 @@ def add_parsers(sub: Any) -> None:
     )
     guide.add_argument("--regex", metavar="PATTERN", help="constrain the output to a regex")
     guide.add_argument("--lark", metavar="FILE", help="constrain the output to a Lark grammar")
-    p.set_defaults(func=cmd_run, check=_check_run)
+    p.set_defaults(func=cmd_run, check=_check_run, late_positional="text")
 
     p = sub.add_parser("bench", help="measure prefill / decode speed and memory")
     p.add_argument("model_dir", metavar="MODEL_DIR")
@@ -89,23 +114,77 @@ def add_parsers(sub: Any) -> None:
 
 
 def _check_run(args: argparse.Namespace) -> str | None:
+    given = [args.text is not None, args.prompt is not None, args.file is not None]
+    if sum(given) > 1:
+        return "run: give the prompt once (PROMPT, -p TEXT or -f FILE)"
+    if args.raw and args.system is not None:
+        return "run: --system needs the chat template (drop --raw)"
+    try:
+        args.prompt = _prompt_text(args)
+    except OSError as exc:  # -f FILE unreadable, or no usable stdin
+        return f"run: cannot read the prompt from {exc.filename or 'stdin'}: {exc.strerror or exc}"
+    except UnicodeDecodeError as exc:
+        return f"run: the prompt is not UTF-8 text: {exc}"
     if args.prompt is None and args.audio is None:
-        return "run: give a prompt (-p TEXT) or an audio file (--audio FILE)"
+        return "run: give a prompt (PROMPT, -p TEXT, -f FILE or stdin) or an audio file (--audio)"
+    if args.prompt is not None and not args.prompt.strip() and args.audio is None:
+        return "run: the prompt is empty"
     return None
 
 
+def _prompt_text(args: argparse.Namespace) -> str | None:
+    """The prompt from PROMPT, -p, -f FILE, or stdin ('-', or a pipe when none is given)."""
+    if args.prompt is not None:
+        return args.prompt
+    if args.file is not None:
+        return _one_line_end_off(Path(args.file).read_text(encoding="utf-8"))
+    if args.text is not None and args.text != "-":
+        return args.text
+    if args.text == "-" or (args.audio is None and not sys.stdin.isatty()):
+        return _one_line_end_off(sys.stdin.read())
+    return None
+
+
+def _one_line_end_off(text: str) -> str:
+    # A file or `echo` ends its last line; that newline is not part of the prompt.
+    return text.removesuffix("\n").removesuffix("\r")
+
+
+def _extras_needed(args: argparse.Namespace) -> None:
+    if args.audio is not None:
+        require_extra("audio", "--audio")
+    if args.json_schema is not None or args.regex is not None or args.lark is not None:
+        require_extra("constrained", "constrained output (--json-schema, --regex, --lark)")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    _extras_needed(args)
     model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
     if args.audio is not None and args.prompt is None:
         args.prompt = TRANSCRIBE_PROMPT
-    if args.chat or args.system is not None:
+    constrained = (args.json_schema, args.lark, args.regex, args.max_new_tokens, args.max_length)
+    if (
+        args.audio is not None
+        and not args.chat
+        and args.system is None
+        and constrained == (None,) * 5
+    ):
+        # Model.transcribe reads audio of any length (window by window past 30 s).
+        print(model.transcribe(args.audio, prompt=args.prompt, **search_options(args)))
+        return 0
+    templated = args.chat or args.system is not None
+    if not (templated or args.raw or args.audio is not None):
+        templated = tokenizer.has_chat_template
+    if templated:
         messages = [{"role": "user", "content": args.prompt}]
         if args.system is not None:
             messages.insert(0, {"role": "system", "content": args.system})
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     else:
         text = args.prompt
-    ids = np.asarray(tokenizer.encode(text)).reshape(-1)
+    # Audio models take the decoder prompt exactly as the processor builds it.
+    encode = tokenizer.encode if args.audio is not None else tokenizer.encode_prompt
+    ids = np.asarray(encode(text)).reshape(-1)
     options = search_options(args)
     context = model.spec.model.context_length
     if context and len(ids) >= context:

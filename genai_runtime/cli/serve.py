@@ -6,12 +6,14 @@ import argparse
 import math
 from typing import Any
 
-from .common import add_device_arg, at_least, positive_int
+from ..extras import require_extra
+from ..server.access_log import LOG_LEVELS
+from .common import add_device_arg, at_least, model_path, positive_int
 
 
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the server extra)")
-    p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("model_dir", metavar="MODEL", help="model folder or pulled name")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=at_least(0), default=8000, help="0 picks a free port")
     p.add_argument("--api-key", metavar="K", help="require Authorization: Bearer K")
@@ -34,17 +36,24 @@ def add_parsers(sub: Any) -> None:
         help="read special-token text typed in chat messages (<|im_end|>) as control tokens; "
         "by default it is plain text, so a message cannot forge a turn",
     )  # fmt: skip
+    p.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="stderr log level (default info: one access line per request, never prompt text)",
+    )
     p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    require_extra("server", "serve")
     from ..server import serve  # Starlette and uvicorn: the server extra, only when serving
 
     serve(
-        args.model_dir, host=args.host, port=args.port, api_key=args.api_key,
-        insecure=args.insecure, served_name=args.served_name, max_queued=args.max_queued,
-        max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
-        batched=False if args.interleave else None,
+        model_path(args.model_dir), log_level=args.log_level, host=args.host, port=args.port,
+        api_key=args.api_key, insecure=args.insecure, served_name=args.served_name,
+        max_queued=args.max_queued, max_active=args.max_active, max_context=args.max_context,
+        timeout=args.timeout, batched=False if args.interleave else None,
         special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
     )  # fmt: skip
     return 0

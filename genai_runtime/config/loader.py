@@ -21,6 +21,7 @@ from ..checks import is_number
 from ..errors import ConfigError, ConfigProblem
 from . import validated
 from .bounded import CONFIG_LIMITS, LimitError, clip_text, load_json, load_yaml, read_bounded
+from .pulled import cache_root, is_model_name, pulled_folder
 from .resources import resource_dir
 
 if TYPE_CHECKING:  # jsonschema is imported only when a config is not known to be valid
@@ -131,11 +132,12 @@ def _types(schema: dict) -> list[str]:
 
 
 def find_config_file(path: str | Path) -> Path:
-    """The config file for ``path``: a file itself, or genai_config.json/.yaml/.yml in a folder."""
+    """The config file for ``path``: a file itself, genai_config.json/.yaml/.yml in a folder, or
+    the config of a pulled model when ``path`` is a model name (``genai-runtime pull NAME``)."""
     if not isinstance(path, str | Path) or isinstance(path, bool):
         message = f"expected a model folder or config file path, got {type(path).__name__}"
         raise ConfigError.at("", message)
-    p = Path(path).expanduser()
+    p = pulled_folder(path) or Path(path).expanduser()
     shown = clip_text(str(p))
     try:
         if p.is_dir():
@@ -149,10 +151,14 @@ def find_config_file(path: str | Path) -> Path:
     except (OSError, ValueError) as exc:  # name too long, NUL byte in the name...
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError.at("", f"cannot use path {shown}: {reason}") from None
-    raise ConfigError(
-        [ConfigProblem("", f"{shown} does not exist (expected a model folder or a config file)")],
-        shown,
-    )
+    message = f"{shown} does not exist (expected a model folder or a config file)"
+    if is_model_name(str(path)):
+        message = (
+            f"{shown} is neither a model folder, a config file nor a pulled model (nothing named "
+            f"so in {clip_text(str(cache_root()))}; genai-runtime pull --list names the models "
+            "pull can fetch)"
+        )
+    raise ConfigError.at("", message, shown)
 
 
 def read_document(path: str | Path) -> tuple[dict, Path]:

@@ -1,39 +1,30 @@
-"""Where pulled models live, and how ``run NAME`` finds a pulled model.
+"""How the command line finds a pulled model, with a hint to pull a known one that is missing.
 
-The cache is ``$GENAI_RUNTIME_CACHE``, else ``$XDG_CACHE_HOME/genai_runtime/models``, else
-``~/.cache/genai_runtime/models``.
+Where pulled models live (``cache_root``) and the name rule are ``config.pulled``'s, which
+``Config`` and ``Model`` use too; this adds only what needs the pull catalogue.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+from ..config.pulled import CACHE_ENV, cache_root, is_model_name, pulled_folder
 from ..errors import ModelError
 from .catalogue import SOURCES
 
-CACHE_ENV = "GENAI_RUNTIME_CACHE"
-
-
-def cache_root(override: str | os.PathLike | None = None) -> Path:
-    if override:
-        return Path(override).expanduser()
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "genai_runtime" / "models"
+__all__ = ["CACHE_ENV", "cache_root", "resolve_model_dir"]
 
 
 def resolve_model_dir(name_or_path: str) -> str:
     """An existing path as given; else a pulled model's folder; else the input unchanged."""
-    if os.path.exists(name_or_path) or os.sep in name_or_path or name_or_path.startswith("."):
-        return name_or_path
-    folder = cache_root() / name_or_path
-    if (folder / "genai_config.json").is_file():
+    folder = pulled_folder(name_or_path)
+    if folder is not None:
         return str(folder)
+    if not is_model_name(name_or_path) or os.path.exists(name_or_path):
+        return name_or_path
     if name_or_path in SOURCES:
         raise ModelError(
-            f"model {name_or_path!r} is not pulled yet (looked in {folder}); "
+            f"model {name_or_path!r} is not pulled yet (looked in {cache_root() / name_or_path}); "
             f"run: genai-runtime pull {name_or_path}"
         )
     return name_or_path

@@ -8,18 +8,22 @@ import sys
 from typing import Any
 
 from .cache import CACHE_ENV
-from .folder import CACHE_LAYOUTS
-from .graph import DTYPES
+from .folder import ACCURACY_LEVELS, CACHE_LAYOUTS, DEFAULT_ACCURACY, DEFAULT_QUANT
+from .quantise import QUANTS
 
-_DTYPE_HELP = (
-    "auto (default): Q4_0/Q4_1 weights stay 4-bit as MatMulNBits, the rest fp32; "
-    "fp32: every weight dequantised"
+_QUANT_HELP = (
+    "int4 (default): 4-bit MatMulNBits; a GGUF's own 4-bit blocks as they are, its 5-8-bit "
+    "ones as exact 8-bit blocks, float weights rounded to 4 bits (blocks of 32); int8: 8-bit "
+    "the same way; fp16 / fp32: every weight dequantised"
 )
 
 
 def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("import", help="write a model folder from a GGUF file (no torch needed)")
-    p.add_argument("gguf", metavar="FILE.gguf")
+    p = sub.add_parser(
+        "import",
+        help="write a model folder from a GGUF file or a Hugging Face folder (no torch needed)",
+    )
+    p.add_argument("source", metavar="SOURCE", help="FILE.gguf, or a folder with config.json")
     p.add_argument("out_dir", metavar="OUT_DIR")
     _add_build_args(p)
     p.set_defaults(func=cmd_import)
@@ -34,10 +38,30 @@ def add_parsers(sub: Any) -> None:
     )
     _add_build_args(p)
     p.set_defaults(func=cmd_pull)
+    _add_manage_parsers(sub)
+
+
+def _add_manage_parsers(sub: Any) -> None:
+    from . import manage
+
+    cache_help = f"model cache (default ${CACHE_ENV}, else $XDG_CACHE_HOME/genai_runtime/models)"
+    p = sub.add_parser("list", help="the pulled models: name, size, quantisation, source")
+    p.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+    p.set_defaults(func=manage.cmd_list)
+    p = sub.add_parser("show", help="a pulled model (or a model folder): shape, quantisation")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    p.set_defaults(func=manage.cmd_show)
+    p = sub.add_parser("rm", help="remove a pulled model (and the GGUF kept for it)")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--cache-dir", metavar="DIR", help=cache_help)
+    p.add_argument("--keep-gguf", action="store_true", help="keep the verified GGUF")
+    p.set_defaults(func=manage.cmd_rm)
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dtype", choices=DTYPES, default="auto", help=_DTYPE_HELP)
+    p.add_argument("--quant", choices=tuple(QUANTS), default=DEFAULT_QUANT, help=_QUANT_HELP)
     p.add_argument(
         "--cache",
         choices=tuple(CACHE_LAYOUTS),
@@ -54,10 +78,10 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--accuracy-level",
         type=int,
-        choices=(0, 4),
-        default=0,
-        help="MatMulNBits activations: 0 (default) fp32, the GGUF's exact math; 4 int8 per "
-        "block at run time, as the reference builder writes: ~2x faster, approximate",
+        choices=ACCURACY_LEVELS,
+        default=DEFAULT_ACCURACY,
+        help="MatMulNBits activations: 4 (default) int8 per block at run time, as the reference "
+        "builder writes for CPU: ~2-3x faster; 0 fp32, the exact math of the weights",
     )
     p.add_argument("--force", action="store_true", help="replace an existing model folder")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -93,14 +117,14 @@ class _Bars:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from .folder import import_gguf
+    from .folder import import_model
 
     bars = _Bars(args.quiet)
     try:
-        result = import_gguf(
-            args.gguf,
+        result = import_model(
+            args.source,
             args.out_dir,
-            dtype=args.dtype,
+            quant=args.quant,
             cache=args.cache,
             accuracy_level=args.accuracy_level,
             max_seq_len=args.max_seq_len,
@@ -110,8 +134,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     finally:
         bars.close()
     print(
-        f"imported {args.gguf} -> {result.out_dir} in {result.seconds:.1f} s "
-        f"({len(result.nbits)} MatMulNBits, {len(result.dequantised)} fp32 weights)",
+        f"imported {args.source} -> {result.out_dir} in {result.seconds:.1f} s "
+        f"({len(result.nbits)} MatMulNBits, {len(result.dequantised)} float weights)",
         file=sys.stderr,
     )
     return 0
@@ -130,7 +154,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         out, fresh = pull(
             args.name,
             cache_dir=args.cache_dir,
-            dtype=args.dtype,
+            quant=args.quant,
             cache=args.cache,
             accuracy_level=args.accuracy_level,
             max_seq_len=args.max_seq_len,

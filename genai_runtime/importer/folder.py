@@ -1,4 +1,4 @@
-"""Write a complete model folder from a GGUF file, atomically.
+"""Write a complete model folder from a GGUF file or a Hugging Face folder, atomically.
 
 Everything goes into a hidden temporary folder beside the destination, which is renamed into
 place only when every file is written: an interrupted or failed import leaves nothing under the
@@ -12,26 +12,30 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import GenaiRuntimeError, UnsupportedError
+from ..errors import GenaiRuntimeError, ModelError, UnsupportedError
+from .checkpoint import Checkpoint, Hyper
 from .gemma3_graph import build_gemma3_decoder, genai_config_extras
-from .gguf_file import GGUFModel, Hyper, Vocab
-from .graph import DTYPES, build_decoder
+from .gguf_file import GGUFModel
+from .hf_folder import HFCheckpoint
+from .linear import FAST_ACCURACY
+from .llama_graph import build_decoder
+from .quantise import QUANTS
 from .tokenizer_json import tokenizer_config, tokenizer_json
 
 # --cache value -> whether one preallocated buffer is read and written in place.
 CACHE_LAYOUTS: dict[str, bool] = {"share-buffer": True, "concat": False, "static-scatter": False}
 DEFAULT_MAX_SEQ_LEN = 2048  # static-scatter: the caches are allocated whole, so not 8k+
-REPORT_FILE = "gguf_import.json"
-# MatMulNBits accuracy_level: 0 keeps fp32 activations (greedy tokens equal the fp32 import's);
-# 4 quantises them to int8 per block at run time, as the reference builder does for CPU: ~3.5x
-# faster kernels on onnxruntime 1.31, but greedy text departs from the exact weights' on most
-# prompts (benchmarks/gguf_import_parity.py).
-ACCURACY_LEVELS = ("0", "4")
+REPORT_FILE = "import.json"
+# The fast CPU default: 4-bit weights, int8 activations in MatMulNBits (the reference builder's
+# CPU default). --accuracy-level 0 keeps fp32 activations: exact weights, exact math, ~2x slower.
+DEFAULT_QUANT, DEFAULT_ACCURACY = "int4", FAST_ACCURACY
+ACCURACY_LEVELS = (0, FAST_ACCURACY)
 # Family.block -> the graph builder for that decoder block.
 DECODERS: dict[str, Callable[..., Any]] = {"llama": build_decoder, "gemma3": build_gemma3_decoder}
 
@@ -48,14 +52,20 @@ V2_FILE = "genai_config.v2.json"
 
 
 def genai_config(
-    h: Hyper, vocab: Vocab, cache: str, max_seq_len: int | None = None
+    h: Hyper,
+    ids: dict[str, Any],
+    cache: str,
+    max_seq_len: int | None = None,
+    search: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A v1 genai_config.json: onnxruntime-genai's builder format, which both runtimes load for
-    the GroupQueryAttention layouts; the static-scatter layout only loads here."""
-    eos = vocab.eos_id if vocab.eos_id is not None else 0
+    the GroupQueryAttention layouts; the static-scatter layout only loads here. ``ids``: bos /
+    eos / pad token ids (eos may be a list); ``search``: defaults from generation_config.json."""
+    eos = ids.get("eos_token_id", 0)
+    first_eos = eos[0] if isinstance(eos, list) and eos else eos
     doc = {
         "model": {
-            "bos_token_id": vocab.bos_id if vocab.bos_id is not None else eos,
+            "bos_token_id": ids.get("bos_token_id", first_eos),
             "context_length": h.context_length,
             "decoder": {
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
@@ -78,7 +88,7 @@ def genai_config(
                 "num_key_value_heads": h.kv_heads,
             },
             "eos_token_id": eos,
-            "pad_token_id": vocab.pad_id if vocab.pad_id is not None else eos,
+            "pad_token_id": ids.get("pad_token_id", first_eos),
             "type": h.arch,
             "vocab_size": h.vocab,
         },
@@ -97,6 +107,7 @@ def genai_config(
             "temperature": 1.0,
             "top_k": 50,
             "top_p": 1.0,
+            **(search or {}),
         },
     }
     if cache == "static-scatter":
@@ -132,26 +143,52 @@ def _choice(value: str, valid: Any, what: str) -> None:
         raise GenaiRuntimeError(f"unknown {what} {value!r}; valid: {', '.join(valid)}")
 
 
-def import_gguf(
-    gguf_path: str | os.PathLike,
+def open_checkpoint(source: str | os.PathLike) -> Checkpoint:
+    """A GGUF file or a Hugging Face folder (``config.json`` + ``*.safetensors``)."""
+    path = Path(source)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"{path}: not a Hugging Face checkpoint folder (no config.json) and not a GGUF file"
+            )
+        return HFCheckpoint(path)
+    return GGUFModel(path)
+
+
+def check_settings(quant: str, accuracy_level: int, cache: str) -> None:
+    _choice(quant, QUANTS, "--quant")
+    _choice(cache, CACHE_LAYOUTS, "--cache")
+    if accuracy_level not in ACCURACY_LEVELS:
+        raise GenaiRuntimeError(
+            f"unknown --accuracy-level {accuracy_level!r}; valid: "
+            f"{', '.join(map(str, ACCURACY_LEVELS))}"
+        )
+    if quant == "int8" and accuracy_level < FAST_ACCURACY:
+        raise GenaiRuntimeError(
+            "--quant int8 needs --accuracy-level 4: onnxruntime's 8-bit MatMulNBits with fp32 "
+            "activations runs ~45x slower than fp32 (for exact weights use --quant fp32)"
+        )
+
+
+def import_model(
+    source: str | os.PathLike,
     out_dir: str | os.PathLike,
     *,
-    dtype: str = "auto",
+    quant: str = DEFAULT_QUANT,
+    accuracy_level: int = DEFAULT_ACCURACY,
     cache: str = "share-buffer",
-    accuracy_level: int = 0,
     max_seq_len: int | None = None,
     force: bool = False,
     progress: Callable[[str, int], None] | None = None,
     extra_report: dict[str, Any] | None = None,
 ) -> ImportResult:
-    """Import ``gguf_path`` into the model folder ``out_dir`` (written atomically).
+    """Import a GGUF file or Hugging Face folder into the model folder ``out_dir`` (written
+    atomically).
 
     ``max_seq_len``: the static-scatter caches' fixed length (default the smaller of
     ``DEFAULT_MAX_SEQ_LEN`` and the model's context length); other layouts ignore it.
     """
-    _choice(dtype, DTYPES, "--dtype")
-    _choice(cache, CACHE_LAYOUTS, "--cache")
-    _choice(str(accuracy_level), ACCURACY_LEVELS, "--accuracy-level")
+    check_settings(quant, accuracy_level, cache)
     if max_seq_len is not None and (cache != "static-scatter" or max_seq_len < 1):
         raise GenaiRuntimeError(
             f"--max-seq-len {max_seq_len}: a positive length, and only with --cache static-scatter"
@@ -160,7 +197,8 @@ def import_gguf(
     if out.exists() and not force:
         raise GenaiRuntimeError(f"{out} already exists; pass --force to replace it")
     start = time.perf_counter()
-    model = GGUFModel(gguf_path)
+    model = open_checkpoint(source)
+    h = model.hyper
     static = None
     if cache == "static-scatter":
         if DECODERS[model.family.block] is not build_decoder:
@@ -168,14 +206,31 @@ def import_gguf(
                 f"--cache static-scatter builds llama-family graphs; {model.arch} has its own "
                 "graph builder (use share-buffer or concat)"
             )
-        static = max_seq_len or min(DEFAULT_MAX_SEQ_LEN, model.hyper.context_length)
-        if static > model.hyper.context_length:
+        static = max_seq_len or min(DEFAULT_MAX_SEQ_LEN, h.context_length)
+        if static > h.context_length:
             raise GenaiRuntimeError(
-                f"--max-seq-len {static} exceeds the model's context length "
-                f"{model.hyper.context_length}"
+                f"--max-seq-len {static} exceeds the model's context length {h.context_length}"
             )
-    vocab = model.vocab()
-    tok_doc = tokenizer_json(vocab, str(model.path))  # fails before any file is written
+    # Tokenizer documents are made before any file is written (they can fail).
+    docs: dict[str, Any] = {}
+    copies: dict[str, Path] = {}
+    if isinstance(model, HFCheckpoint):
+        copies = model.tokenizer_files()
+        ids, search = model.token_ids(), model.search_defaults()
+    else:
+        vocab = model.vocab()
+        docs["tokenizer.json"] = tokenizer_json(vocab, model.source)
+        docs["tokenizer_config.json"] = tokenizer_config(vocab, h.context_length)
+        ids = {
+            k: v
+            for k, v in (
+                ("bos_token_id", vocab.bos_id),
+                ("eos_token_id", vocab.eos_id),
+                ("pad_token_id", vocab.pad_id),
+            )
+            if v is not None
+        }
+        search = {}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
@@ -187,40 +242,46 @@ def import_gguf(
         report = DECODERS[model.family.block](
             model,
             tmp,
-            dtype=dtype,
+            quant=quant,
             accuracy_level=accuracy_level,
             progress=progress,
             share_buffer=share,
             **layout,
         )
-        v1 = genai_config(model.hyper, vocab, cache, static)
+        v1 = genai_config(h, ids, cache, static, search)
         extras = genai_config_extras(model, share)
         v1["model"].update(extras["model"])
         v1["model"]["decoder"].update(extras["decoder"])
-        files = {
+        docs |= {
             "genai_config.json": v1,
             V2_FILE: v2_config(v1),
-            "tokenizer.json": tok_doc,
-            "tokenizer_config.json": tokenizer_config(vocab, model.hyper.context_length),
             REPORT_FILE: {
-                "source": str(model.path),
+                "source": str(model.source),
+                "format": "huggingface" if isinstance(model, HFCheckpoint) else "gguf",
                 "architecture": model.arch,
-                "dtype": dtype,
+                "quant": quant,
+                "accuracy_level": accuracy_level,
                 "cache": cache,
                 **({"max_seq_len": static} if static else {}),
-                "accuracy_level": accuracy_level,
+                "weights": dict(Counter(how for _, how in report.formats)),
                 "matmul_nbits": list(report.nbits),
-                "dequantised_fp32": list(report.dequantised),
+                "float_weights": list(report.dequantised),
                 **(extra_report or {}),
             },
         }
-        for name, doc in files.items():
+        for name, doc in docs.items():
             (tmp / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", "utf-8")
+        for name, path in copies.items():
+            shutil.copyfile(path, tmp / name)
         _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return ImportResult(out, time.perf_counter() - start, report.nbits, report.dequantised)
+
+
+# The GGUF-only name the importer started with; both sources go through one path.
+import_gguf = import_model
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:

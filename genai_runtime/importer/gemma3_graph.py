@@ -7,7 +7,8 @@ projection -> RMSNorm -> residual -> RMSNorm -> GELU-tanh gated MLP -> RMSNorm -
 The token embedding is scaled by sqrt(hidden); the lm_head is the (unscaled) embedding table.
 
 Gemma's RMSNorm multiplies by ``1 + w``; llama.cpp's converter stores ``w + 1`` in the GGUF (and
-transformers' GGUF loader subtracts the 1 again), so the stored weights are used as they are.
+transformers' GGUF loader subtracts the 1 again), so the stored weights are used as they are (a
+Hugging Face folder stores ``w``: its reader adds the 1).
 Local layers use GroupQueryAttention's ``local_window_size`` with ``sliding_window_cache``, as the
 reference builder writes for CPU, and ``genai_config.json`` lists them under
 ``decoder.sliding_window`` so both runtimes size those layers' caches to the window.
@@ -22,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .gguf_file import GGUFModel, rope_cos_sin
+from .attention import GroupQueryAttention, rope_tables
+from .checkpoint import Checkpoint
 from .graph import (
     DATA_FILE,
     IR_VERSION,
@@ -30,59 +32,46 @@ from .graph import (
     BuildReport,
     ExternalData,
     GraphBuilder,
-    GroupQueryAttention,
-    Linear,
     decoder_io,
-    lm_head,
-    rms_norm,
     save_model,
 )
-from .weights import check_type
+from .linear import Linear, embedding, gather, head_rms_norm, lm_head, rms_norm
 
 
 def build_gemma3_decoder(
-    model: GGUFModel,
+    ckpt: Checkpoint,
     out_dir: Path,
     *,
-    dtype: str = "auto",
-    accuracy_level: int = 0,
+    quant: str = "int4",
+    accuracy_level: int = 4,
     progress: Callable[[str, int], None] | None = None,
     share_buffer: bool = True,
 ) -> BuildReport:
-    """Write ``model.onnx`` + ``model.onnx.data`` for a Gemma 3 GGUF into ``out_dir``.
+    """Write ``model.onnx`` + ``model.onnx.data`` for a Gemma 3 checkpoint into ``out_dir``.
 
     With ``share_buffer`` the local layers keep window-sized caches (``sliding_window_cache``);
     without it (``--cache concat``) every cache grows and the window is only a mask, since the
     kernel's windowed cache needs a preallocated buffer."""
     from onnx import helper
 
-    h, fam = model.hyper, model.family
-    for t in model.tensors.values():
-        check_type(t, str(model.path))
+    h = ckpt.hyper
     g = GraphBuilder(ExternalData(out_dir / DATA_FILE))
-    linear = Linear(model, g, dtype, accuracy_level, 1 + 7 * h.layers, progress)
+    linear = Linear(ckpt, g, quant, accuracy_level, 1 + 7 * h.layers, progress)
 
-    def norm(x: str, gguf_name: str, onnx_name: str) -> str:
-        return rms_norm(g, model, x, gguf_name, onnx_name)
+    def norm(x: str, name: str, onnx_name: str) -> str:
+        return rms_norm(g, ckpt, x, name, onnx_name)
 
-    def head_norm(x: str, heads: int, gguf_name: str, onnx_name: str) -> str:
-        # RMSNorm over each head's head_size values: [B, S, heads*hd] -> [B, S, heads, hd].
-        split = g.const(f"heads_{heads}", np.array([0, 0, heads, h.head_size], np.int64))
-        y = norm(g.op("Reshape", [x, split]), gguf_name, onnx_name)
-        flat = g.const(f"flat_{heads}", np.array([0, 0, heads * h.head_size], np.int64))
-        return g.op("Reshape", [y, flat])
-
-    # Global layers: the GGUF's rope base and scaling; local layers: the family's base, unscaled.
-    local_h = dataclasses.replace(h, rope_base=fam.local_rope_base, rope_linear_factor=1.0)
-    caches = {}  # is local -> (cos, sin) table names
-    for local, hyper, tag in ((False, h, "global"), (True, local_h, "local")):
-        cos, sin = rope_cos_sin(hyper, h.context_length)
-        caches[local] = (g.const(f"cos_cache_{tag}", cos), g.const(f"sin_cache_{tag}", sin))
+    # Global layers: the checkpoint's rope; local layers: their own base, unscaled.
+    local_rope = dataclasses.replace(h.rope, base=h.local_rope_base, linear=1.0, factors=())
+    caches = {
+        False: rope_tables(g, h, h.rope, "_global"),
+        True: rope_tables(g, h, local_rope, "_local"),
+    }
     attention = GroupQueryAttention(g, h, *caches[False])
 
-    embed_name = linear.embedding()
+    table = embedding(linear)
     scale = g.const("embed_scale", np.array(np.sqrt(h.hidden), np.float32))
-    x = g.op("Mul", [g.op("Gather", [embed_name, "input_ids"]), scale])
+    x = g.op("Mul", [gather(g, table, "input_ids"), scale])
 
     q_dim, kv_dim = h.heads * h.head_size, h.kv_heads * h.head_size
     split_qkv = g.const("split_qkv", np.array([q_dim, kv_dim, kv_dim], np.int64))
@@ -99,16 +88,16 @@ def build_gemma3_decoder(
             o + "attn.qkv_proj",
         )
         q, k, v = g.op("Split", [qkv, split_qkv], n_out=3, axis=-1)
-        q = head_norm(q, h.heads, p + "attn_q_norm.weight", o + "attn.q_norm.weight")
-        k = head_norm(k, h.kv_heads, p + "attn_k_norm.weight", o + "attn.k_norm.weight")
+        q = head_rms_norm(g, ckpt, q, h.heads, p + "attn_q_norm.weight", o + "attn.q_norm")
+        k = head_rms_norm(g, ckpt, k, h.kv_heads, p + "attn_k_norm.weight", o + "attn.k_norm")
         attrs: dict[str, Any] = {"local_window_size": h.sliding_window if local else -1}
         if local and share_buffer:
             # Window-sized past/present buffers for this layer; the kernel evicts inside them.
             attrs["sliding_window_cache"] = 1
         if h.attn_softcap:
             attrs["softcap"] = h.attn_softcap
-        # Scaled by 1/sqrt(head_size) as llama.cpp does for Gemma 3 (query_pre_attn_scalar ==
-        # head_dim for every size but 27B, which the GGUF cannot tell apart).
+        # Scaled by query_pre_attn_scalar^-0.5 (Hyper.query_scale); a GGUF does not store it,
+        # and llama.cpp uses 1/sqrt(head_size), equal for every size but 27B.
         attn = attention.layer(i, (q, k, v), inputs, outputs, rope=caches[local], **attrs)
         y = linear(attn, [p + "attn_output.weight"], o + "attn.o_proj")
         x = g.op(
@@ -125,7 +114,7 @@ def build_gemma3_decoder(
         )
     x = norm(x, "output_norm.weight", "final_norm.weight")
 
-    logits = lm_head(g, model, x, embed_name, linear)
+    logits = lm_head(g, ckpt, x, table, linear)
     if h.final_softcap:
         cap = g.const("final_softcap", np.array(h.final_softcap, np.float32))
         logits = g.op("Mul", [g.op("Tanh", [g.op("Div", [logits, cap])]), cap])
@@ -134,13 +123,14 @@ def build_gemma3_decoder(
     return linear.report()
 
 
-def genai_config_extras(model: GGUFModel, share_buffer: bool = True) -> dict[str, Any]:
-    """What ``genai_config.json`` needs beyond the llama form (nothing for llama itself): the
-    family's model type and the sliding window's layers (the reference builder's CPU form, so
-    onnxruntime-genai sizes those caches to the window as ``sliding_window_cache`` expects)."""
+def genai_config_extras(model: Checkpoint, share_buffer: bool = True) -> dict[str, Any]:
+    """What ``genai_config.json`` needs beyond the llama form: the family's model type and, for
+    the Gemma 3 block's window-sized caches, the sliding window's layers (the reference
+    builder's CPU form, so onnxruntime-genai sizes those caches as ``sliding_window_cache``
+    expects). The llama block keeps full caches and masks the window in the kernel."""
     layers = list(model.hyper.local_layers)
     decoder: dict[str, Any] = {}
-    if layers and share_buffer:
+    if layers and share_buffer and model.family.block == "gemma3":
         decoder["sliding_window"] = {
             "window_size": model.hyper.sliding_window,
             "slide_key_value_cache": False,

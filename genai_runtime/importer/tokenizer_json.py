@@ -22,23 +22,37 @@ _LLAMA3_SPLIT = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-# tokenizer.ggml.pre -> the pre_tokenizer block of tokenizer.json.
-PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
-    "gpt-2": {**_BYTE_LEVEL, "use_regex": True},
-    "smollm": {**_BYTE_LEVEL, "use_regex": True},
-    "llama-bpe": {
+# Qwen2's split: as llama-3's, but digits one at a time.
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _split_then_bytes(pattern: str) -> dict[str, Any]:
+    return {
         "type": "Sequence",
         "pretokenizers": [
             {
                 "type": "Split",
-                "pattern": {"Regex": _LLAMA3_SPLIT},
+                "pattern": {"Regex": pattern},
                 "behavior": "Isolated",
                 "invert": False,
             },
             {**_BYTE_LEVEL, "use_regex": False},
         ],
-    },
+    }
+
+
+# tokenizer.ggml.pre -> the pre_tokenizer block of tokenizer.json.
+PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
+    "gpt-2": {**_BYTE_LEVEL, "use_regex": True},
+    "smollm": {**_BYTE_LEVEL, "use_regex": True},
+    "llama-bpe": _split_then_bytes(_LLAMA3_SPLIT),
+    "qwen2": _split_then_bytes(_QWEN2_SPLIT),
 }
+# tokenizer.ggml.pre -> a normalizer the original tokenizer runs first (others have none).
+NORMALIZERS: dict[str, dict[str, Any]] = {"qwen2": {"type": "NFC"}}
 
 
 def tokenizer_json(vocab: Vocab, source: str) -> dict[str, Any]:
@@ -83,7 +97,7 @@ def byte_level_bpe_json(vocab: Vocab, source: str) -> dict[str, Any]:
         "truncation": None,
         "padding": None,
         "added_tokens": added,
-        "normalizer": None,
+        "normalizer": NORMALIZERS.get(vocab.pre),
         "pre_tokenizer": PRE_TOKENIZERS[vocab.pre],
         "post_processor": post if special else None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True},

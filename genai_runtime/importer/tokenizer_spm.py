@@ -1,9 +1,11 @@
 """``tokenizer.json`` for a SentencePiece-style GGUF vocabulary (``tokenizer.ggml.model`` "llama").
 
 Such a GGUF stores pieces with ``▁`` for spaces, scores, token types and ``<0x..>`` byte tokens,
-but no merges. The document written here is the form transformers gives Gemma (BPE with byte
-fallback, spaces replaced by ``▁``, no pre-tokenizer split), so encodings match the tokenizer
-the reference builder exports:
+but no merges. The document written here is the form transformers gives these vocabularies (BPE
+with byte fallback, spaces replaced by ``▁``): for Gemma (``tokenizer.ggml.add_space_prefix``
+false) as it is; for Phi-3 / Llama (the default, true) with a ``▁`` prepended to each text run
+by the normalizer and stripped again on decode. Encodings match the tokenizer the reference
+builder exports:
 
 - merges are rebuilt from the vocabulary: every split of a piece into two pieces that are both
   in the vocabulary, ranked by the merged piece's position in the file (earlier = merged first;
@@ -83,27 +85,36 @@ def spm_tokenizer_json(vocab: Vocab, source: str) -> dict[str, Any]:
         "special_tokens": special,
     }
     unk = tokens[vocab.unk_id] if vocab.unk_id is not None else None
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
+    decoders: list[dict[str, Any]] = [
+        {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]
+    if vocab.add_space_prefix:  # Phi-3 / Llama: "▁" before each text run, dropped on decode
+        normalizer: dict[str, Any] = {
+            "type": "Sequence",
+            "normalizers": [{"type": "Prepend", "prepend": SPACE}, spaces],
+        }
+        pre_tokenizer = None
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    else:  # Gemma
+        normalizer = spaces
+        pre_tokenizer = {
+            "type": "Split",
+            "pattern": {"String": " "},
+            "behavior": "MergedWithPrevious",
+            "invert": False,
+        }
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": added,
-        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": SPACE},
-        "pre_tokenizer": {
-            "type": "Split",
-            "pattern": {"String": " "},
-            "behavior": "MergedWithPrevious",
-            "invert": False,
-        },
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer,
         "post_processor": post if special else None,
-        "decoder": {
-            "type": "Sequence",
-            "decoders": [
-                {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
-                {"type": "ByteFallback"},
-                {"type": "Fuse"},
-            ],
-        },
+        "decoder": {"type": "Sequence", "decoders": decoders},
         "model": {
             "type": "BPE",
             "dropout": None,

@@ -1,4 +1,5 @@
-"""``og.Images`` / ``og.Audios``: media handed to a processor, read as bytes up front."""
+"""``og.Images`` / ``og.Audios``: media handed to a processor (images read up front, audio
+files when processed)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ MAX_MEDIA_BYTES = 512 * 1024 * 1024
 
 
 def _read(paths: tuple[str | os.PathLike, ...], kind: str) -> list[tuple[str, bytes]]:
+    return [(name, path.read_bytes()) for name, path in _check(paths, kind)]
+
+
+def _check(paths: tuple[str | os.PathLike, ...], kind: str) -> list[tuple[str, Path]]:
     if not paths:
         raise GenerationError(f"og.{kind}.open: no files given")
     out = []
@@ -20,17 +25,19 @@ def _read(paths: tuple[str | os.PathLike, ...], kind: str) -> list[tuple[str, by
             raise GenerationError(f"og.{kind}.open: file not found: {p}")
         if p.stat().st_size > MAX_MEDIA_BYTES:
             raise GenerationError(f"og.{kind}.open: {p} is larger than {MAX_MEDIA_BYTES} bytes")
-        out.append((str(p), p.read_bytes()))
+        out.append((str(p), p))
     return out
 
 
 class Audios:
-    def __init__(self, items: list[tuple[str, bytes]]):
+    """Audio clips: files are read when processed, a block at a time (``audio.stream``)."""
+
+    def __init__(self, items: list[tuple[str, bytes | Path]]):
         self.items = items
 
     @classmethod
     def open(cls, *paths: str | os.PathLike) -> Audios:
-        return cls(_read(paths, "Audios"))
+        return cls(_check(paths, "Audios"))
 
     @classmethod
     def open_bytes(cls, *blobs: bytes) -> Audios:

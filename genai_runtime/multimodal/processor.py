@@ -13,6 +13,7 @@ of tokens, all ``-k`` (the embedding graph puts image k's features there), as th
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ from .inputs import Audios, Images
 from .tensors import NamedTensors
 
 if TYPE_CHECKING:
-    from ..audio import FeatureConfig
+    from ..audio import AudioSource, FeatureConfig
     from ..runtime.plan import Plan
     from ..spec import PipelineSpec
 
@@ -37,6 +38,8 @@ class Model(Protocol):
     spec: PipelineSpec
     plan: Plan
 
+
+log = logging.getLogger("genai_runtime.audio")
 
 AUDIO_CONFIG = "audio_processor_config.json"
 IMAGE_CONFIG = "processor_config.json"
@@ -101,13 +104,25 @@ class MultiModalProcessor:
             out["input_ids"] = self._ids(prompts)
         return out
 
-    def features(self, data: bytes, name: str = "<bytes>") -> np.ndarray:
-        """Log-mel features [n_mel, frames] for one encoded audio clip."""
-        from ..audio import decode_audio, log_mel, resample
+    def features(self, data: AudioSource, name: str = "<bytes>") -> np.ndarray:
+        """Log-mel features [n_mel, frames] of one clip's first ``chunk_size`` seconds (what
+        the reference's processor gives); only that much is decoded."""
+        from ..audio import ClipReader, log_mel
 
         config = self.audio_config
-        pcm, rate = decode_audio(data, name)
-        return log_mel(resample(pcm, rate, config.sample_rate, name=name), config)
+        with ClipReader(data, config.sample_rate, name) as clip:
+            pcm, ends = clip.window(0, config.chunk_size * config.sample_rate)
+        if pcm.size == 0:
+            raise GenerationError(f"{name}: the audio file holds no samples")
+        if not ends:
+            log.warning(
+                "%s is longer than %d s: these features hold its first %d s, as the reference's "
+                "processor does; Model.transcribe reads all of it",
+                name,
+                config.chunk_size,
+                config.chunk_size,
+            )
+        return log_mel(pcm, config)
 
     def _ids(self, prompts: list[str]) -> np.ndarray:
         rows = [self.tokenizer.encode(p) for p in prompts]

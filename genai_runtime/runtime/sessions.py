@@ -115,7 +115,7 @@ def providers_for(spec: SessionOptionsSpec) -> list[tuple[str, dict[str, str]]]:
         if not provider.name:
             continue
         name = ort_provider(provider.name)
-        check_provider(name)
+        check_provider(name, provider.name)
         options = dict(provider.options)
         for key, why in DISABLED_OPTIONS.items():
             if str(options.get(key, "0")).lower() not in ("0", "false", ""):

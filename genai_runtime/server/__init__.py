@@ -14,7 +14,9 @@ import threading
 import time
 from pathlib import Path
 
+from ..config.pulled import pulled_folder
 from ..errors import GenaiRuntimeError
+from .access_log import configure_logging, remove_logging
 
 __all__ = ["ServerHandle", "build_engine", "is_loopback", "serve"]
 
@@ -48,13 +50,18 @@ def build_engine(model_dir: str | Path, device: str | None = None, **engine_opti
 
 
 def serve(model_dir: str, *, log_level: str = "info", **options) -> None:
-    """Serve until interrupted (``genai-runtime serve``); options as for ``ServerHandle``."""
-    handle = ServerHandle(model_dir, log_level=log_level, **options)
-    print(f"serving {handle.state.served_name!r} on {handle.url}/v1", flush=True)
+    """Serve until interrupted (``genai-runtime serve``); options as for ``ServerHandle``.
+    Log records (one access line per request at ``info``) go to stderr."""
+    handler = configure_logging(log_level)
     try:
-        handle.server.run(sockets=[handle.sock])
-    finally:
-        handle.close_engine()
+        handle = ServerHandle(model_dir, log_level=log_level, **options)
+        print(f"serving {handle.state.served_name!r} on {handle.url}/v1", flush=True)
+        try:
+            handle.server.run(sockets=[handle.sock])
+        finally:
+            handle.close_engine()
+    finally:  # in-process callers (tests) keep no handler on a stream that may close
+        remove_logging(handler)
 
 
 class ServerHandle:
@@ -111,10 +118,12 @@ class ServerHandle:
                     "--api-key KEY (or --insecure to accept anyone on the network)"
                 )
             log.warning("serving on %s without an API key: anyone who reaches it can use it", host)
-        if not Path(model_dir).is_dir():
-            raise GenaiRuntimeError(f"model folder not found: {model_dir}")
+        folder = pulled_folder(model_dir) or Path(model_dir)
+        if not folder.is_dir():
+            raise GenaiRuntimeError(f"model folder not found: {model_dir} (nor a pulled model)")
+        model_dir = str(folder)
         self.state = ServerState(
-            served_name=served_name or Path(model_dir).resolve().name,
+            served_name=served_name or folder.resolve().name,
             api_key=api_key or None,
             max_body=max_body or DEFAULT_MAX_BODY,
             timeout=timeout or DEFAULT_TIMEOUT,

@@ -3,8 +3,9 @@
 Nothing here touches the model: requests are parsed (``protocol``), turned into token ids on a
 worker thread (a chat template and a tokenizer over a 1 MiB prompt take a while, and /health
 must not wait for them), and handed to the engine thread as ``Job``s; results come back as
-events on an asyncio queue. Prompts and generated text are never logged (only sizes, timings
-and unknown field names), nor are the messages of unexpected exceptions, which may quote them.
+events on an asyncio queue. Prompts and generated text are never logged: one access line per
+request (``access_log``) says method, path, status, token counts, time and the names of ignored
+fields; the messages of unexpected exceptions, which may quote a prompt, are not logged either.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from starlette.routing import Route
 
 from ..decoding.picker import TokenPicker
 from ..errors import GenaiRuntimeError
+from .access_log import AccessLog, note_ignored, note_usage
 from .engine import Engine, Job
 from .protocol import (
     RESPONSE_FORMATS,
@@ -46,6 +48,7 @@ from .protocol import (
 from .tool_calls import CALL_FORMATS, CallSplitter, ToolCall
 from .tool_prompt import ToolTemplate, check_reaches, probe, template_input, uses_tools
 from .tools import ToolRequest, ToolRequestError
+from .transcriptions import DEFAULT_MAX_AUDIO_BYTES, transcription_route
 
 log = logging.getLogger("genai_runtime.server")
 
@@ -62,6 +65,7 @@ class ServerState:
     served_name: str
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
+    max_audio_bytes: int = DEFAULT_MAX_AUDIO_BYTES
     timeout: float = DEFAULT_TIMEOUT
     read_timeout: float = DEFAULT_READ_TIMEOUT
     # False: special-token text typed in a message is plain text (it cannot forge a turn)
@@ -130,6 +134,7 @@ def create_app(state: ServerState) -> Starlette:
         authorize(request)
         parsed = parse_chat(await _read_json(request, state))
         eng = _checked(state, parsed, engine())
+        note_ignored(request.scope, parsed.unknown)
         literal = not state.special_tokens_in_messages
         ids, picker = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
         return await _respond(request, state, eng, parsed, ids, picker, chat=True)
@@ -138,6 +143,7 @@ def create_app(state: ServerState) -> Starlette:
         authorize(request)
         parsed = parse_completion(await _read_json(request, state))
         eng = _checked(state, parsed, engine())
+        note_ignored(request.scope, parsed.unknown)
         ids = await _off_loop(state, _completion_prompt, eng, parsed)
         return await _respond(request, state, eng, parsed, ids, _picker(eng, parsed), chat=False)
 
@@ -156,10 +162,12 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/models/{name:path}", model_info, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        transcription_route(state, authorize, engine),
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(_Contained)],
+        # The access log outside: it records the 500 _Contained answers for a failed request.
+        middleware=[Middleware(AccessLog), Middleware(_Contained)],
         exception_handlers={APIError: api_error, HTTPException: http_error},
     )
 
@@ -217,9 +225,6 @@ def _checked(state: ServerState, parsed: ParsedRequest, eng: Engine) -> Engine:
     # The model field is a served name, compared as a string: never opened as a path.
     if parsed.model != state.served_name:
         raise _no_model(parsed.model, state.served_name)
-    if parsed.unknown:
-        names = ", ".join(ascii(name)[1:-1][:40] for name in parsed.unknown[:20])
-        log.info("ignored unknown request fields: %s", names)
     return eng
 
 
@@ -368,7 +373,7 @@ async def _respond(
     )
     eng.submit(job)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    log.info("%s: %d prompt tokens, max_tokens %d", rid, len(ids), max_tokens)
+    log.debug("%s: %d prompt tokens, max_tokens %d", rid, len(ids), max_tokens)
     shape = _Shape(rid, parsed.model, int(time.time()), chat, eng, _splitter(parsed))
     if parsed.stream:
         return StreamingResponse(
@@ -389,6 +394,7 @@ async def _respond(
             elif event[0] == "gone":
                 return Response(status_code=499)
             else:
+                note_usage(request.scope, event[2])
                 return JSONResponse(shape.final("".join(text), entries, event[1], event[2]))
     finally:
         watcher.cancel()
@@ -423,6 +429,7 @@ async def _sse(
             elif event[0] == "gone":
                 return
             else:
+                note_usage(request.scope, event[2])
                 for chunk in shape.closing(event[1], include_usage):
                     yield _frame(chunk)
                 if include_usage:

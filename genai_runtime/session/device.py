@@ -125,15 +125,17 @@ def parse_device(text: str) -> tuple[str, dict[str, str]]:
     return kind, ({"device_id": index} if index else {})
 
 
-def check_provider(name: str) -> None:
-    """A clear error, naming the package to install, when this onnxruntime lacks ``name``."""
+def check_provider(name: str, asked: str | None = None) -> None:
+    """A clear error, naming the package to install, when this onnxruntime lacks ``name``
+    (``asked``: the name the config used, e.g. ``cuda``)."""
     available = ort.get_available_providers()
     if name in available:
         return
     package = EP_PACKAGES.get(name)
     hint = f"; install {package} in place of onnxruntime" if package else ""
+    shown = f"{asked!r} ({name})" if asked and asked != name else name
     raise UnsupportedError(
-        f"execution provider {name} is not in this onnxruntime build "
+        f"execution provider {shown} is not available in this onnxruntime build "
         f"(available: {', '.join(available)}){hint}"
     )
 

@@ -423,6 +423,26 @@ class Tokenizer:
         its id; no BOS/EOS is added unless ``update_options(add_special_tokens=True)``."""
         return np.asarray(self._encode_ids(text), dtype=np.int32)
 
+    def encode_prompt(self, text: str) -> np.ndarray:
+        """Ids to generate from: ``encode(text)`` with BOS first where the tokenizer config says
+        the model wants one (the rule ``add_special_tokens`` follows: ``add_bos_token``, else the
+        post-processor, else a Llama-like class), unless the text already starts with it (a chat
+        template that writes ``{{ bos_token }}``). Not in the reference's API, whose ``encode``
+        adds no BOS: ``run``, ``chat`` and ``ChatSession`` use this, so no prompt needs a typed
+        BOS."""
+        ids = self._encode_ids(text)
+        if not self._options["add_special_tokens"] and self._add_bos:
+            bos = self._lookup(self._special_text.get("bos_token"))
+            if bos is not None and ids[:1] != [bos]:
+                ids.insert(0, bos)
+        return np.asarray(ids, dtype=np.int32)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the folder has a default chat template (so ``apply_chat_template`` needs no
+        ``template_str``)."""
+        return "default" in self.templates.templates
+
     def encode_batch(self, texts: Sequence[str]) -> np.ndarray:
         """[batch, max_len] int32 ids, right-padded with ``pad_token_id``."""
         if isinstance(texts, str) or len(texts) == 0:

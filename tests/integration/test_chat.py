@@ -181,3 +181,24 @@ def test_cli_chat_reports_overflow_and_continues(smollm2_2layers_dir):
     assert result.returncode == 0
     assert "error: the conversation no longer fits max_length 64" in result.stderr
     assert result.stdout.count("> ") == 3  # the overflow, "Hi", then EOF
+
+
+def test_abandon_rewinds_to_the_last_whole_turn(small):
+    model, tokenizer = small
+    session = ChatSession(model, tokenizer, max_length=256, max_new_tokens=6)
+    "".join(session.send("Hello!"))
+    whole, before = session.generator.get_sequence(0).copy(), list(session.messages)
+    reply = session.send("Tell me a story.")
+    next(reply)
+    assert session.abandon()
+    assert session.messages == before and session.finish_reason is None
+    kept = session.generator.token_count()
+    assert 0 < kept <= len(whole)
+    np.testing.assert_array_equal(session.generator.get_sequence(0), whole[:kept])
+    assert list(reply) == [] and not session.abandon()  # the stopped reply is over
+    "".join(session.send("Hi again."))
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == [
+        "Hello!",
+        "Hi again.",
+    ]
+    assert session.finish_reason == "length"

@@ -12,7 +12,7 @@ import pytest
 
 from genai_runtime.errors import GenaiRuntimeError, ModelError, UnsupportedError
 from genai_runtime.importer import import_gguf
-from genai_runtime.importer.gguf_file import GGUFModel
+from genai_runtime.importer.gguf_file import GGUFModel, Tensor
 from genai_runtime.importer.weights import dequantize, to_blocks
 
 gguf_models = pytest.importorskip("gguf_models", reason="needs the gguf extra")
@@ -77,14 +77,28 @@ def test_matmulnbits_blocks_reproduce_gguf_dequantisation(tmp_path, qtype):
     # terms, each exact, added in the same order.
     np.testing.assert_array_equal(blocks.dequantize(), ref)
     assert np.abs(ref).max() > 0.01  # real weights, not zero blocks
-    assert to_blocks(model.tensor("token_embd.weight")) is None  # Q8_0 -> fp32
+    embed = model.tensor("token_embd.weight")  # Q8_0: 8-bit codes, zero point 128, exact
+    assert to_blocks(embed).bits == 8
+    np.testing.assert_array_equal(to_blocks(embed).dequantize(), dequantize(embed))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q5_K, Q.Q6_K])
+def test_wider_gguf_blocks_become_exact_8bit_blocks(qtype):
+    rows, cols = 6, 512
+    raw = gguf_models.random_blocks(np.random.default_rng(1), qtype, rows, cols)
+    t = Tensor("w", (cols, rows), qtype, raw)
+    blocks = to_blocks(t)
+    assert blocks.bits == 8 and blocks.block == (16 if qtype == Q.Q6_K else 32)
+    ref = dequantize(t)
+    assert np.isfinite(ref).all() and np.abs(ref).max() > 0.01
+    np.testing.assert_array_equal(blocks.dequantize(), ref)
 
 
 @pytest.mark.parametrize("name", ["q4_1", "q4_0", "q8_0", "q4_k"])
-@pytest.mark.parametrize("dtype", ["fp32", "auto"])
-def test_graph_logits_match_numpy_forward(tiny, tmp_path, name, dtype):
+@pytest.mark.parametrize("quant", ["fp32", "int4"])
+def test_graph_logits_match_numpy_forward(tiny, tmp_path, name, quant):
     out = tmp_path / "model"
-    result = import_gguf(tiny[name], out, dtype=dtype, accuracy_level=0)
+    result = import_gguf(tiny[name], out, quant=quant, accuracy_level=0)
     ref = gguf_models.numpy_logits(tiny[name], PROMPT)
     got = run_graph(out, PROMPT)
     assert got.shape == ref.shape
@@ -99,9 +113,13 @@ def test_graph_logits_match_numpy_forward(tiny, tmp_path, name, dtype):
             import_gguf(tiny[name], tmp_path / "fast", accuracy_level=4).out_dir, PROMPT
         )
         assert 1e-6 < np.abs(fast - ref).max() <= 0.05 * np.abs(ref).max()
-    if dtype == "auto" and name != "q8_0":
-        assert len(result.nbits) == 7 * 2 + (1 if name == "q4_0" else 0)  # untied head is Q4_0
+    if quant == "int4" and name != "q8_0":
+        # 7 projections x 2 layers (+ the untied Q4_0 head), and the Q8_0 embedding table as
+        # 8-bit blocks (GatherBlockQuantized, exact).
+        assert len(result.nbits) == 1 + 7 * 2 + (1 if name == "q4_0" else 0)
         assert not [n for n in result.dequantised if n.startswith("blk.")]
+    elif quant == "int4":  # Q8_0 projections: 8-bit blocks need accuracy level 4, so fp32 here
+        assert result.nbits == ("token_embd.weight",)
     else:
         assert result.nbits == ()
 
@@ -113,15 +131,15 @@ def test_cache_layouts_and_dtypes_generate_the_numpy_greedy_tokens(tiny, tmp_pat
         seq.append(int(np.argmax(gguf_models.numpy_logits(tiny["q4_1"], seq)[-1])))
     expected = seq[len(ids) :]
     runs = {}
-    for dtype in ("fp32", "auto"):
+    for quant in ("fp32", "int4"):
         for cache in ("share-buffer", "concat", "static-scatter"):
-            out = tmp_path / f"{dtype}-{cache}"
-            import_gguf(tiny["q4_1"], out, dtype=dtype, cache=cache, accuracy_level=0)
+            out = tmp_path / f"{quant}-{cache}"
+            import_gguf(tiny["q4_1"], out, quant=quant, cache=cache, accuracy_level=0)
             share = json.loads((out / "genai_config.json").read_text())["search"]
             assert share["past_present_share_buffer"] is (cache == "share-buffer")
-            runs[(dtype, cache)] = greedy(out, ids, new)
+            runs[(quant, cache)] = greedy(out, ids, new)
             # The v2 form written beside it is the same model.
-            runs[(dtype, cache, "v2")] = greedy(out / "genai_config.v2.json", ids, new)
+            runs[(quant, cache, "v2")] = greedy(out / "genai_config.v2.json", ids, new)
     for key, tokens in runs.items():
         assert tokens == expected, key
 
@@ -130,7 +148,7 @@ def test_static_scatter_import_layout_and_batches(tiny, tmp_path):
     import genai_runtime as og
 
     out = tmp_path / "static"
-    import_gguf(tiny["q4_1"], out, cache="static-scatter", max_seq_len=48)
+    import_gguf(tiny["q4_1"], out, cache="static-scatter", max_seq_len=48, accuracy_level=0)
     cfg = json.loads((out / "genai_config.json").read_text())
     assert cfg["search"]["max_length"] == 48
     model = og.Model(str(out))
@@ -162,7 +180,7 @@ def test_tokenizer_and_configs_from_gguf_metadata(tiny, tmp_path):
     import genai_runtime as og
 
     out = tmp_path / "model"
-    import_gguf(tiny["q4_1"], out, dtype="fp32")
+    import_gguf(tiny["q4_1"], out, quant="fp32")
     cfg = json.loads((out / "genai_config.json").read_text())
     assert cfg["model"]["decoder"]["num_key_value_heads"] == 2
     assert cfg["model"]["eos_token_id"] == 2 and cfg["model"]["bos_token_id"] == 1
@@ -181,7 +199,7 @@ def test_add_bos_from_gguf_metadata(tmp_path):
     import tokenizers
 
     path = gguf_models.write_tiny_gguf(tmp_path / "bos.gguf", add_bos=True)
-    out = import_gguf(path, tmp_path / "model", dtype="fp32").out_dir
+    out = import_gguf(path, tmp_path / "model", quant="fp32").out_dir
     tok = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
     assert tok.encode(" the").ids == [1, 261]  # <|im_start|> is this GGUF's BOS
     assert tok.encode(" the", " the").ids == [1, 261, 1, 261]
@@ -191,11 +209,12 @@ def test_add_bos_from_gguf_metadata(tmp_path):
 
 def test_import_is_atomic_and_refuses_to_overwrite(tiny, tmp_path):
     out = tmp_path / "model"
-    import_gguf(tiny["q4_1"], out, dtype="fp32")
+    import_gguf(tiny["q4_1"], out, quant="fp32")
     with pytest.raises(GenaiRuntimeError, match="already exists; pass --force"):
         import_gguf(tiny["q4_1"], out)
     import_gguf(tiny["q4_0"], out, force=True)
-    assert "Q4_0" not in (out / "gguf_import.json").read_text()
+    report = json.loads((out / "import.json").read_text())
+    assert report["source"].endswith("q4_0.gguf") and report["quant"] == "int4"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no temp folder left
 
 

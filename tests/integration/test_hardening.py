@@ -117,7 +117,7 @@ def test_max_length_past_context_length_is_refused_up_front() -> None:
 def test_cli_clamps_max_new_tokens_to_the_context(tmp_path: Path, capsys) -> None:
     folder = variant(tmp_path, lambda c: c["model"].update(context_length=24)
                      or c["search"].update(max_length=24), copy=True)  # fmt: skip
-    status = main(["run", str(folder), "-p", "Hi", "--max-new-tokens", "1000000000"])
+    status = main(["run", str(folder), "-p", "Hi", "--raw", "--max-new-tokens", "1000000000"])
     err = capsys.readouterr().err
     assert status == 0, err
     assert "prompt tokens: 1 " in err and "(23 new tokens)" in err  # 1 + 23 = 24
@@ -125,7 +125,7 @@ def test_cli_clamps_max_new_tokens_to_the_context(tmp_path: Path, capsys) -> Non
 
 def test_cli_prompt_longer_than_the_context_names_its_length(tmp_path: Path, capsys) -> None:
     folder = variant(tmp_path, lambda c: c["model"].update(context_length=16), copy=True)
-    status = main(["run", str(folder), "-p", "word " * 40, "--max-new-tokens", "4"])
+    status = main(["run", str(folder), "-p", "word " * 40, "--raw", "--max-new-tokens", "4"])
     err = capsys.readouterr().err
     assert status == 1
     assert "prompt is 41 tokens" in err and "context_length is 16" in err

@@ -119,10 +119,9 @@ def test_batch_of_two_clips_equals_the_reference(
     params.set_search_options(batch_size=2)
     ours = processor([PROMPT] * 2, audios=og.Audios.open(*paths))
     features = ours["audio_features"].as_numpy()
-    # The 16 kHz clip's features are the reference's; the 44.1 kHz one goes through a different
-    # resampler, so its log-mel features differ slightly.
-    np.testing.assert_allclose(features[0], ref_features[0], atol=1e-4, rtol=0)
-    assert np.abs(features[1] - ref_features[1]).mean() < 0.02
+    # Both clips' features are the reference's (the second starts mid-word: its first frames
+    # are centered over silence, as the reference pads them).
+    np.testing.assert_allclose(features, ref_features, atol=1e-4, rtol=0)
     # Decoder parity, isolated: the reference's features give exactly the reference's tokens.
     generator = og.Generator(model, params)
     generator.set_inputs(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import genai_runtime as og
-from genai_runtime.audio import FeatureConfig, log_mel, resample
+from genai_runtime.audio import ClipReader, FeatureConfig, Resampler, log_mel, resample
 from genai_runtime.audio.features import mel_filters
 
 
@@ -72,3 +72,35 @@ def test_named_tensors_hold_tensors() -> None:
         og.Tensor(np.array(["a"]))
     with pytest.raises(og.GenaiRuntimeError, match="Tensor with name: y not found"):
         inputs["y"]  # the reference's message
+
+
+def test_streamed_resampling_equals_resampling_the_whole_clip() -> None:
+    rng = np.random.default_rng(3)
+    for rate in (22050, 48000):
+        pcm = (rng.standard_normal(rate * 2 + 7) * 0.3).astype(np.float32)
+        whole = resample(pcm, rate, 16000)
+        stream = Resampler(rate, 16000)
+        parts, start = [], 0
+        for size in rng.integers(1, 40000, size=200):
+            parts.append(stream.push(pcm[start : start + size]))
+            start += int(size)
+            if start >= pcm.size:
+                break
+        parts.append(stream.finish())
+        np.testing.assert_array_equal(np.concatenate(parts), whole)
+
+
+def test_clip_reader_windows_move_forward_and_report_the_end(tmp_path) -> None:
+    sf = pytest.importorskip("soundfile")
+    pcm = np.arange(16000 * 3, dtype=np.float32) / 16000 / 4
+    path = tmp_path / "ramp.wav"
+    sf.write(path, pcm, 16000, subtype="FLOAT")
+    with ClipReader(path, 16000, "ramp") as clip:
+        first, ends = clip.window(0, 16000)
+        np.testing.assert_array_equal(first, pcm[:16000])
+        assert not ends
+        later, ends = clip.window(40000, 16000)  # a jump past what is buffered
+        np.testing.assert_array_equal(later, pcm[40000:])
+        assert ends
+        with pytest.raises(og.GenaiRuntimeError, match="forward only"):
+            clip.window(100, 10)

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "genai_runtime"
 # Bottom up. A module's floor is that of the longest prefix listed for it.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "checks"),
-    ("spec", "environment", "config.bounded"),
+    ("spec", "environment", "config.bounded", "extras"),
     ("validation", "session", "decoding", "tokenizer", "audio", "routing", "timing"),
     ("config",),
     ("kv",),
