@@ -2,14 +2,14 @@
 and do streamed replies reassemble to the plain ones?
 
     python benchmarks/server_tools.py MODEL_DIR [--seeds 20] [--temperature 1.0] [--top-k 50]
-        [--max-tokens 128] [--templates model,tagged]
+        [--max-tokens 128] [--templates model,tagged] [--loop-choice required]
 
 For each chat template (``model``: the folder's own; ``tagged``: the tests' template that takes
 tools with ``<tool_call>`` tags, put on a copy of the folder) and each choice (``required``, a
 named function), every seed's request runs plain and streamed on an in-process server. Prints
 per row: replies that are a call, calls whose arguments the function's JSON schema accepts,
 replies cut by max_tokens (still inside a free-text string), streamed replies equal to the
-plain ones (content, names, arguments, finish reason), and the median completion tokens. Then
+plain ones (content, names, arguments, finish reason), and the median completion tokens. First,
 one agent loop (call, tool result, answer) per template, greedy.
 """
 
@@ -79,9 +79,10 @@ def row(client, name: str, choice, args) -> str:
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(run, range(args.seeds)))
-    calls = valid = cut = same = 0
+    replies = calls = valid = cut = same = 0
     for (content, found, finish, _), again in results:
-        calls += bool(found)
+        replies += bool(found)
+        calls += len(found)
         cut += finish == "length"
         same += (content, found, finish) == again
         for fn, arguments in found:
@@ -92,14 +93,17 @@ def row(client, name: str, choice, args) -> str:
                 pass
     tokens = statistics.median(r[0][3] for r in results)
     shown = choice if isinstance(choice, str) else "named"
-    return (f"  {shown:9s} calls {calls}/{args.seeds}  valid {valid}/{calls}  cut {cut}  "
-            f"stream=plain {same}/{args.seeds}  median tokens {tokens:g}")  # fmt: skip
+    return (f"  {shown:9s} replies with calls {replies}/{args.seeds}  valid calls {valid}/{calls}"
+            f"  cut by max_tokens {cut}  stream=plain {same}/{args.seeds}  median tokens "
+            f"{tokens:g}")  # fmt: skip
 
 
-def agent_loop(client, name: str) -> str:
-    request = dict(model=name, messages=QUESTION, tools=TOOLS[:1], tool_choice="required",
+def agent_loop(client, name: str, first_choice: str) -> str:
+    request = dict(model=name, messages=QUESTION, tools=TOOLS[:1], tool_choice=first_choice,
                    temperature=0, max_tokens=64)  # fmt: skip
     reply = client.chat.completions.create(**request)
+    if not reply.choices[0].message.tool_calls:
+        return f"  agent loop: no call under {first_choice}: {reply.choices[0].message.content!r}"
     call = reply.choices[0].message.tool_calls[0]
     history = [*QUESTION, reply.choices[0].message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id,
@@ -108,7 +112,8 @@ def agent_loop(client, name: str) -> str:
         model=name, messages=history, tools=TOOLS[:1], temperature=0, max_tokens=40
     )
     answer = final.choices[0].message
-    return (f"  agent loop: {call.function.name}({call.function.arguments}) -> "
+    return (f"  agent loop ({first_choice}, then auto): {call.function.name}"
+            f"({call.function.arguments}) -> "
             f"{answer.content!r} (calls again: {bool(answer.tool_calls)})")  # fmt: skip
 
 
@@ -120,6 +125,7 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--templates", default="model,tagged")
+    ap.add_argument("--loop-choice", default="required", help="turn 1 of the agent loop")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp())
     try:
@@ -133,9 +139,9 @@ def main() -> None:
                 print(f"{template} template (temperature {args.temperature:g}, top_k "
                       f"{args.top_k}, max_tokens {args.max_tokens}):")  # fmt: skip
                 name = handle.state.served_name
-                for choice in ("required", NAMED):
+                print(agent_loop(client, name, args.loop_choice), flush=True)
+                for choice in ("required", NAMED) if args.seeds else ():
                     print(row(client, name, choice, args), flush=True)
-                print(agent_loop(client, name), flush=True)
             finally:
                 handle.stop()
     finally:
