@@ -7,17 +7,22 @@ The public API is call-compatible with onnxruntime-genai's Python API::
     tokenizer = og.Tokenizer(model)
 """
 
+from .adapters import Adapters
 from .environment import (
     disable_telemetry_events,
     enable_telemetry_events,
+    get_current_gpu_device_id,
     is_cuda_available,
     is_dml_available,
     is_openvino_available,
     is_qnn_available,
     is_rocm_available,
     is_webgpu_available,
+    register_execution_provider_library,
+    set_current_gpu_device_id,
     set_log_callback,
     set_log_options,
+    unregister_execution_provider_library,
 )
 from .errors import (
     ConfigError,
@@ -31,12 +36,20 @@ from .errors import (
 )
 from .generator import Generator, GeneratorParams
 from .model import Config, Model
-from .multimodal import Audios, Images, MultiModalProcessor, NamedTensors, Tensor
+from .multimodal import (
+    Audios,
+    Images,
+    MultiModalProcessor,
+    NamedTensors,
+    StreamingProcessor,
+    Tensor,
+)
 from .tokenizer import Tokenizer, TokenizerStream
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Adapters",
     "Audios",
     "Config",
     "ConfigError",
@@ -50,6 +63,7 @@ __all__ = [
     "MultiModalProcessor",
     "NamedTensors",
     "PathEscapeError",
+    "StreamingProcessor",
     "Tensor",
     "Tokenizer",
     "TokenizerError",
@@ -58,12 +72,16 @@ __all__ = [
     "UnsupportedError",
     "disable_telemetry_events",
     "enable_telemetry_events",
+    "get_current_gpu_device_id",
     "is_cuda_available",
     "is_dml_available",
     "is_openvino_available",
     "is_qnn_available",
     "is_rocm_available",
     "is_webgpu_available",
+    "register_execution_provider_library",
+    "set_current_gpu_device_id",
     "set_log_callback",
     "set_log_options",
+    "unregister_execution_provider_library",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import GenerationError
+from .errors import GenerationError, UnsupportedError
 from .generator import Generator, GeneratorParams
 from .model import Model
 from .tokenizer import Tokenizer
@@ -49,6 +49,8 @@ class ChatSession:
         params = GeneratorParams(model)
         if search_options:
             params.set_search_options(**search_options)
+        if params.search.num_beams > 1:
+            raise UnsupportedError("a ChatSession streams one reply; beam search is not supported")
         self.generator = Generator(model, params)
         self.max_length: int = params.search.max_length
         self._eos = {int(t) for t in model.spec.tokens.eos}

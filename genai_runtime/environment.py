@@ -119,3 +119,92 @@ def enable_telemetry_events() -> None:
 
 def disable_telemetry_events() -> None:
     _telemetry["enabled"] = False
+
+
+_gpu: dict[str, int | None] = {"device_id": None}
+
+
+def set_current_gpu_device_id(device_id: int) -> None:
+    """The GPU that CUDA sessions created from now on use (their ``device_id`` provider option,
+    unless the config sets one). Needs an onnxruntime with the CUDA provider; the reference's
+    CPU build crashes on this call, this one raises."""
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+        raise GenaiRuntimeError(
+            f"set_current_gpu_device_id: expected a device index >= 0, got {device_id!r}"
+        )
+    _need_cuda("set_current_gpu_device_id")
+    _gpu["device_id"] = device_id
+
+
+def get_current_gpu_device_id() -> int:
+    _need_cuda("get_current_gpu_device_id")
+    return _gpu["device_id"] or 0
+
+
+def gpu_device_id() -> int | None:
+    """The id set by ``set_current_gpu_device_id`` (None: never set)."""
+    return _gpu["device_id"]
+
+
+def _need_cuda(call: str) -> None:
+    if not is_cuda_available():
+        raise GenaiRuntimeError(
+            f"{call}: this onnxruntime build has no CUDA execution provider (available: "
+            f"{', '.join(ort.get_available_providers())})"
+        )
+
+
+_libraries: dict[str, str] = {}  # registration name -> library path
+
+
+def register_execution_provider_library(registration_name: str, library_path: str) -> None:
+    """Load an execution provider shipped as a plugin library (onnxruntime's
+    ``register_execution_provider_library``); a config that names the provider then runs on
+    the devices it offers."""
+    if not isinstance(registration_name, str) or not registration_name:
+        raise GenaiRuntimeError(
+            f"register_execution_provider_library: expected a provider name, got "
+            f"{registration_name!r}"
+        )
+    if not isinstance(library_path, str) or not library_path:
+        raise GenaiRuntimeError(
+            f"register_execution_provider_library: expected a library path, got {library_path!r}"
+        )
+    if registration_name in _libraries:
+        raise GenaiRuntimeError(
+            f"execution provider library {registration_name!r} is already registered "
+            f"({_libraries[registration_name]})"
+        )
+    try:
+        ort.register_execution_provider_library(registration_name, library_path)
+    except Exception as exc:  # onnxruntime's Fail: missing file, not a library, no devices
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GenaiRuntimeError(
+            f"cannot register execution provider library {registration_name!r} from "
+            f"{library_path}: {reason}"
+        ) from exc
+    _libraries[registration_name] = library_path
+
+
+def unregister_execution_provider_library(registration_name: str) -> None:
+    if registration_name not in _libraries:
+        known = ", ".join(repr(n) for n in _libraries) or "none"
+        raise GenaiRuntimeError(
+            f"execution provider library {registration_name!r} was not registered "
+            f"(registered: {known})"
+        )
+    try:
+        ort.unregister_execution_provider_library(registration_name)
+    except Exception as exc:  # still used by a live session
+        raise GenaiRuntimeError(
+            f"cannot unregister execution provider library {registration_name!r}: {exc}"
+        ) from exc
+    del _libraries[registration_name]
+
+
+def plugin_devices(provider: str) -> list[Any]:
+    """onnxruntime's devices for a provider offered by a registered plugin library (empty for
+    the providers built into onnxruntime, which sessions select by name)."""
+    if not _libraries or provider in ort.get_available_providers():
+        return []
+    return [d for d in ort.get_ep_devices() if d.ep_name == provider]

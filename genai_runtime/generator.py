@@ -15,16 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from .adapters import Adapters
 from .checks import is_number
+from .decoding.beam import BeamScorer, check_beam_search
 from .decoding.chain import make_picker
 from .decoding.sampling import make_rng
 from .environment import LOG, log
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .model import Model
+from .runtime.adapters import bind_adapter
 from .runtime.driver import DecodeState, DriverSetup
 from .runtime.plan import logits_problem
+from .runtime.run_control import TERMINATE, apply_runtime_option, runtime_option
 from .spec import SEARCH_OPTIONS, GenerationSpec, SearchOption
-from .validation import as_array, as_index, as_name, serialized, shown
+from .validation import as_array, as_index, as_name, serialized, shown, unlocked
 
 
 class GeneratorParams:
@@ -104,11 +108,6 @@ class Generator:
             )
         search = params.search
         spec = model.spec
-        if search.num_beams > 1 or search.num_return_sequences > 1:
-            raise UnsupportedError(
-                f"beam search is not implemented (num_beams={search.num_beams}, "
-                f"num_return_sequences={search.num_return_sequences}); use num_beams=1"
-            )
         if search.max_length <= 0:
             raise GenerationError("max_length is not set (generation.max_length / search)")
         if all(stage.logits is None for stage in model.plan.stages):
@@ -125,6 +124,7 @@ class Generator:
         self.model = model
         self.search = search
         self.batch_size = search.batch_size
+        self._rows = search.batch_size * search.num_beams  # the executor's batch
         self.max_length = search.max_length
         self.vocab_size = vocab
         self.pad_token_id = spec.tokens.pad if spec.tokens.pad is not None else 0
@@ -140,32 +140,49 @@ class Generator:
             guidance=params.guidance,
             tokenizer_json=None if spec.model_dir is None else spec.model_dir / "tokenizer.json",
         )  # fmt: skip
+        check_beam_search(
+            search, greedy=self._picker.is_greedy, grammar=self._picker.grammar is not None,
+            vocab_size=vocab,
+        )  # fmt: skip
         self._exec = pipeline.executor(
-            self.batch_size, self.max_length, share_buffer=search.past_present_share_buffer
+            self._rows, self.max_length, share_buffer=search.past_present_share_buffer
         )
         self._rng = make_rng(search.random_seed)
         try:
-            self._seq = np.zeros((self.batch_size, self.max_length), np.int32)
+            self._seq = np.zeros((self._rows, self.max_length), np.int32)
         except MemoryError:
             raise GenerationError(
-                f"cannot allocate a {self.batch_size} x {self.max_length} token sequence "
-                "(batch_size x max_length)"
+                f"cannot allocate a {self._rows} x {self.max_length} token sequence "
+                "(batch_size x num_beams x max_length)"
             ) from None
         self._length = 0
         self._logits: np.ndarray | None = None  # logits awaiting a token choice
         self._pending: np.ndarray | None = None  # tokens in the sequence, not yet run
-        self._next = np.zeros(self.batch_size, np.int32)
-        self._eos_seen = np.zeros(self.batch_size, bool)
+        self._next = np.zeros(self._rows, np.int32)
+        self._eos_seen = np.zeros(self._rows, bool)
         self._any_eos = False
         self._done = False
+        self._terminated = False  # set_runtime_option("terminate_session", "1")
+        # LoRA adapters turned on (set_active_adapter): their container, names, tensor owners.
+        self._adapters: Adapters | None = None
+        self._adapter_of: dict[str, str] = {}  # tensor name -> the active adapter setting it
         # Speculative decoding or a controller plugin: tokens come in rounds, handed out singly.
         self._driver = None
         self._queue: deque[int] = deque()  # a round's tokens not handed out yet
+        # Beam search: the scorer keeps the hypotheses, the generator the rows (see _beam_step).
+        self._beams: BeamScorer | None = None
+        self._beam_results: list[list[tuple[float, np.ndarray]]] | None = None
+        if search.num_beams > 1:
+            self._beams = BeamScorer(
+                self.batch_size, search.num_beams, length_penalty=search.length_penalty,
+                early_stopping=search.early_stopping, eos_token_ids=spec.tokens.eos,
+                pad_token_id=self.pad_token_id,
+            )  # fmt: skip
         if model.driver_factory is not None:
-            if self.batch_size != 1:
+            if self._rows != 1:
                 raise UnsupportedError(
                     f"{model.driver_kind} decodes one sequence at a time; batch_size is "
-                    f"{self.batch_size}"
+                    f"{self.batch_size}, num_beams {search.num_beams}"
                 )
             self._driver = model.driver_factory(
                 DriverSetup(self._exec, self._picker, self._rng, self.batch_size,
@@ -175,8 +192,16 @@ class Generator:
     # -- the reference API -----------------------------------------------------------------
 
     def append_tokens(self, tokens: Any) -> None:
+        self._live()
         self._sync()
         new = self._as_batch(tokens)
+        if self._beams is not None:
+            if self._length:
+                raise UnsupportedError(
+                    "with num_beams > 1, append_tokens takes the prompt once; a beam search "
+                    "cannot be continued"
+                )
+            new = np.repeat(new, self.search.num_beams, axis=0)  # every beam starts there
         n = new.shape[1]
         if self._length + n > self.max_length:
             raise GenerationError(
@@ -197,6 +222,7 @@ class Generator:
         self._done = False
 
     def generate_next_token(self) -> None:
+        self._live()
         if self._done and self._logits is None and self._length < self.max_length:
             # Every row has ended: as the reference, run nothing and report pad as next tokens.
             self._next[:] = self.pad_token_id
@@ -215,6 +241,8 @@ class Generator:
         if self._logits is None:
             self._logits = self._forward(self._pending)
             self._pending = None
+        if self._beams is not None:
+            return self._beam_step()
         tokens = self._picker.pick(self._seq[:, : self._length], self._logits, self._rng)
         if self._any_eos:
             tokens[self._eos_seen] = self.pad_token_id
@@ -254,6 +282,49 @@ class Generator:
         self._done = all_ended or self._length >= self.max_length
         return True
 
+    def _beam_step(self) -> None:
+        """The scorer picks each row's next token and the row it extends; the sequences and
+        the cache follow those rows, then every row's token is appended (pad in finished
+        prompts), as the reference does."""
+        sequences = self._seq[:, : self._length]
+        logits = self._picker.process(sequences, self._logits)
+        tokens, rows = self._beams.step(sequences, logits)
+        self._logits = None
+        sequences[:] = sequences[rows]
+        self._exec.reorder_rows(rows)
+        if self._pending is not None:
+            self._pending = self._pending[rows]
+        self._next[:] = tokens
+        if LOG.enabled:
+            self._log_step(np.zeros(self._rows, bool))
+        self._seq[:, self._length] = tokens
+        self._length += 1
+        # Logits set by hand skip a pass: unrun tokens follow their rows, then this step's.
+        step = tokens[:, None]
+        self._pending = step.copy() if self._pending is None else np.hstack([self._pending, step])
+        self._done = self._beams.is_done or self._length >= self.max_length
+        if self._done:
+            self._exec.finish()
+
+    def _hypothesis(self, index: Any, caller: str) -> tuple[float, np.ndarray]:
+        """Beam search's ``index``-th returned sequence: prompt ``index // n``, its rank
+        ``index % n`` (n = num_return_sequences), as (score, tokens)."""
+        index = as_index(index, f"{caller}(index)")
+        returned = self.search.num_return_sequences
+        if not 0 <= index < self.batch_size * returned:
+            raise GenerationError(
+                f"sequence index {index} out of range [0, {self.batch_size * returned}) "
+                "(batch_size x num_return_sequences)"
+            )
+        if self._length == 0:
+            return 0.0, np.zeros(0, np.int32)
+        results = self._beam_results
+        if results is None:  # before the end: a snapshot, the search goes on unchanged
+            results = self._beams.results(self._seq[:, : self._length])
+            if self.is_done():
+                self._beam_results = results
+        return results[index // returned][index % returned]
+
     def _next_from_driver(self) -> None:
         """Hand out the next token of the driver's current round (running a round if none is
         left); the executor may have run ahead, so the books are squared when a round ends."""
@@ -272,16 +343,26 @@ class Generator:
             self._exec.finish()
 
     def is_done(self) -> bool:
+        self._live()
         return self._logits is None and self._done
 
     def get_next_tokens(self) -> np.ndarray:
         return self._next.copy()
 
     def get_sequence(self, index: int) -> np.ndarray:
+        if self._beams is not None:
+            return self._hypothesis(index, "get_sequence")[1].copy()
         index = as_index(index, "get_sequence(index)")
         if not 0 <= index < self.batch_size:
             raise GenerationError(f"sequence index {index} out of range [0, {self.batch_size})")
         return self._seq[index, : self._length].copy()
+
+    def get_sequence_score(self, index: int) -> float:
+        """Beam search: the score of ``get_sequence(index)``, its summed log-probabilities over
+        ``length ** length_penalty`` (not in the reference, which keeps it internal)."""
+        if self._beams is None:
+            raise GenerationError("sequence scores exist only with beam search (num_beams > 1)")
+        return float(self._hypothesis(index, "get_sequence_score")[0])
 
     def token_count(self) -> int:
         return self._length
@@ -299,17 +380,16 @@ class Generator:
                 raise GenerationError("no logits: call append_tokens first")
             self._logits = self._forward(self._pending)
             self._pending = None
-        return self._logits.reshape(self.batch_size, 1, -1).copy()
+        return self._logits.reshape(self._rows, 1, -1).copy()
 
     def set_logits(self, logits: Any) -> None:
         self._sync()
         array = as_array(logits, "set_logits(logits)").astype(np.float32)
-        if array.size != self.batch_size * self.vocab_size:
+        if array.size != self._rows * self.vocab_size:
             raise GenerationError(
-                f"set_logits expects {self.batch_size}x{self.vocab_size} values, got shape "
-                f"{array.shape}"
+                f"set_logits expects {self._rows}x{self.vocab_size} values, got shape {array.shape}"
             )
-        self._logits = array.reshape(self.batch_size, self.vocab_size).copy()
+        self._logits = array.reshape(self._rows, self.vocab_size).copy()
 
     def rewind_to(self, length: int) -> None:
         """Keep the first ``length`` tokens; the next step recomputes logits after them."""
@@ -319,6 +399,10 @@ class Generator:
             raise GenerationError(
                 f"cannot rewind to {length}: the sequence has {self._length} tokens"
             )
+        if self._beams is not None:
+            if length == self._length:
+                return
+            raise UnsupportedError("rewind_to is not supported with beam search (num_beams > 1)")
         if self.batch_size > 1 and 0 < length < self._exec.positions.prompt_length:
             raise GenerationError(
                 "with batch_size > 1, rewind_to needs 0 or a length past the padded prompt"
@@ -340,9 +424,11 @@ class Generator:
         self._done = False
 
     def get_output(self, name: str) -> np.ndarray:
+        self._live()
         return self._exec.output(as_name(name, "get_output(name)"))
 
     def get_input(self, name: str) -> np.ndarray:
+        self._live()
         if as_name(name, "get_input(name)") in self._exec.user_inputs:
             return self._exec.user_inputs[name].numpy().copy()
         raise GenerationError(f"no input {name!r} was set with set_model_input")
@@ -360,7 +446,7 @@ class Generator:
             raise GenerationError(
                 f"no stage declares an input {name!r} (inputs: {', '.join(sorted(known))})"
             )
-        self._exec.set_input(name, array)
+        self._exec.set_input(name, array, repeat=self.search.num_beams)
 
     def set_inputs(self, inputs: Any) -> None:
         """Set every named tensor (``og.NamedTensors`` or a dict); ``input_ids`` is the prompt,
@@ -373,6 +459,65 @@ class Generator:
                 self.set_model_input(name, value)
         if ids is not None:
             self.append_tokens(ids)
+
+    def set_active_adapter(self, adapters: Adapters, adapter_name: str) -> None:
+        """Turn a loaded LoRA adapter on for this generator's runs from now on. Several may be
+        on together when they set different tensors; all come from one ``Adapters``."""
+        if not isinstance(adapters, Adapters):
+            raise GenerationError(
+                f"set_active_adapter(adapters, name): expected Adapters, got {shown(adapters)}"
+            )
+        if self._adapters is not None and adapters is not self._adapters:
+            raise GenerationError("a generator takes its adapters from a single Adapters container")
+        if adapter_name in self._adapter_of.values():
+            return  # already on
+        adapter = adapters.acquire(adapter_name, self)
+        try:
+            taken = next((t for t in adapter.tensors if t in self._adapter_of), None)
+            if taken is not None:
+                raise GenerationError(
+                    f"adapter {adapter_name!r} sets {taken!r}, which active adapter "
+                    f"{self._adapter_of[taken]!r} already sets"
+                )
+            bind_adapter(self._exec, adapter)  # checked against this generator's graphs too
+        except Exception:
+            adapters.release(adapter_name, self)
+            raise
+        self._adapters = adapters
+        self._adapter_of.update(dict.fromkeys(adapter.tensors, adapter_name))
+
+    @unlocked  # another thread may stop a run in flight
+    def set_runtime_option(self, key: str, value: str) -> None:
+        """``terminate_session`` "1" stops the run in flight and refuses further generation
+        until "0"; any other key is an onnxruntime run config entry (as the reference)."""
+        key, value = runtime_option(key, value)
+        if key == TERMINATE:
+            self._terminated = value == "1"
+        apply_runtime_option(self._exec, key, value)
+
+    def snapshot_state(self) -> None:
+        """Keep the recurrent state as it is now, so ``rewind_to`` this point restores it (for
+        speculative rollback); models without recurrent state have nothing to keep."""
+        self._live()
+        self._sync()
+        self._exec.snapshot()
+
+    def set_hidden_states(self, hidden_states: Any) -> None:
+        """Stage the hidden states an MTP-style head reads on its next pass: the input the
+        config's ``hidden_states`` role names (default ``hidden_states``), copied."""
+        self._live()
+        names = {
+            s.session.inputs.get("hidden_states", "hidden_states") for s in self.model.plan.stages
+        }
+        users = {f.name for s in self.model.plan.stages for f in s.feeds_from("user")}
+        taken = sorted(names & users)
+        if not taken:
+            raise GenerationError(
+                f"set_hidden_states: no stage takes a hidden states input (looked for "
+                f"{', '.join(sorted(names))} among the inputs no role, wire or cache feeds)"
+            )
+        array = as_array(hidden_states, "set_hidden_states(hidden_states)")
+        self.set_model_input(taken[0], np.array(array, copy=True))
 
     def get_speculative_stats(self) -> dict[str, float]:
         """Drafted and accepted token counts of speculative decoding (not in the reference)."""
@@ -390,7 +535,7 @@ class Generator:
         if self.is_done():
             raise StopIteration
         self.generate_next_token()
-        return int(self._next[0]) if self.batch_size == 1 else self._next.copy()
+        return int(self._next[0]) if self._rows == 1 else self._next.copy()
 
     @property
     def kv_cache(self):
@@ -406,6 +551,13 @@ class Generator:
                 log("hit_eos", f"EOS seen on batch {int(row)}")
         if LOG.hit_max_length and self._length + 1 >= self.max_length:
             log("hit_max_length", f"sequence reached max_length {self.max_length}")
+
+    def _live(self) -> None:
+        if self._terminated:
+            raise GenerationError(
+                "the session is terminated (set_runtime_option('terminate_session', '1')); "
+                "set it to '0' to go on"
+            )
 
     def _sync(self) -> None:
         """Drop a driver's tokens not handed out yet and square the books with its executor:
@@ -458,6 +610,7 @@ class Generator:
             return self._exec.forward(tokens)
         except Exception as exc:
             self._exec.rewind_to(start)  # a failed pass leaves the generator as it was
+            self._live()  # a run stopped by terminate_session
             if isinstance(exc, GenaiRuntimeError):
                 raise
             raise ModelError(f"model run failed: {exc}") from exc

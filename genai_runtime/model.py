@@ -199,6 +199,12 @@ class Model:
 
         return MultiModalProcessor(self)
 
+    def create_streaming_processor(self):
+        """The reference's streaming audio processor (raises: see ``StreamingProcessor``)."""
+        from .multimodal import StreamingProcessor
+
+        return StreamingProcessor(self)
+
     def transcribe(
         self,
         audio: PathLike | Sequence[PathLike],
@@ -244,6 +250,10 @@ class Model:
         params = GeneratorParams(self)
         if search_options:
             params.set_search_options(**search_options)
+        if params.search.num_beams > 1:
+            raise UnsupportedError(
+                "generate() streams one sequence; for beam search use a Generator and get_sequence"
+            )
         generator = Generator(self, params)
         generator.append_tokens(ids)
         stream = tokenizer.create_stream()

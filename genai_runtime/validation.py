@@ -71,9 +71,18 @@ def serialized(cls: T) -> T:
 
     cls.__init__ = __init__
     for attr, member in list(vars(cls).items()):
+        if getattr(member, "unlocked", False):
+            continue
         if callable(member) and (attr == "__next__" or not attr.startswith("_")):
             setattr(cls, attr, _locked(member))
     return cls
+
+
+def unlocked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Leave ``method`` out of ``serialized``'s lock: it must act while another thread is inside
+    a locked call (stopping a run in flight)."""
+    method.unlocked = True  # type: ignore[attr-defined]
+    return method
 
 
 def _locked(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -42,6 +42,10 @@ def add_parsers(sub: Any) -> None:
         default="info",
         help="stderr log level (default info: one access line per request, never prompt text)",
     )
+    p.add_argument(
+        "--adapter", action="append", type=_adapter, default=[], metavar="NAME=PATH",
+        help="a LoRA adapter (.onnx_adapter) served as <served name>:NAME; repeatable",
+    )  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 
@@ -55,6 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queued=args.max_queued, max_active=args.max_active, max_context=args.max_context,
         timeout=args.timeout, batched=False if args.interleave else None,
         special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
+        adapters=dict(args.adapter),
     )  # fmt: skip
     return 0
 
@@ -68,3 +73,10 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
     return value
+
+
+def _adapter(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path or ":" in name:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH (a NAME without ':'), got {text!r}")
+    return name, path

@@ -54,6 +54,10 @@ class KVLayout:
     def seq_axis(self) -> int:
         return {"separate": 2, "combined": 3, "scatter": 1}[self.format]
 
+    @property
+    def batch_axis(self) -> int:
+        return 1 if self.format == "combined" else 0
+
     def shape(self, batch: int, seq: int) -> tuple[int, ...]:
         h, d = self.num_kv_heads, self.head_size
         if self.format == "combined":
@@ -78,6 +82,20 @@ def bind_in_place(
     for (past, present), value in zip(names, values):
         stage.bind_value(past, value)
         stage.bind_output_value(present, value)
+
+
+def move_rows(
+    arrays: Sequence[np.ndarray], rows: np.ndarray, batch_axis: int, index: tuple = ()
+) -> None:
+    """In place, batch row i of each array takes old row ``rows[i]`` (``index`` narrows the
+    axes after the batch axis, e.g. to the positions written); rows that stay are not copied."""
+    moved = np.flatnonzero(rows != np.arange(rows.size))
+    if moved.size == 0:
+        return
+    lead = (slice(None),) * batch_axis
+    target, source = (*lead, moved, *index), (*lead, rows[moved], *index)
+    for array in arrays:
+        array[target] = array[source]  # the fancy-indexed read is a copy: overlaps are safe
 
 
 class PreallocatedBuffers:
@@ -117,3 +135,8 @@ class KVCache(Protocol):
 
     def rewind_to(self, length: int) -> None:
         """Forget everything past ``length`` tokens."""
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Batch row i takes old row ``rows[i]`` (beam search). Rows move only among rows with
+        the same positions (one prompt's beams). A kind that cannot leaves it out: the executor
+        then refuses beam search naming the kind."""

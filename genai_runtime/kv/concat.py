@@ -64,6 +64,12 @@ class ConcatCache:
             self._past = [self.device.take(v, kept, axis) for v in self._past]
         self.length = min(self.length, length)
 
+    def reorder(self, rows: np.ndarray) -> None:
+        if self.length == 0 or (rows == np.arange(rows.size)).all():
+            return
+        axis = self.layout.batch_axis
+        self._past = [self.device.take(v, rows, axis) for v in self._past]
+
     def compact(self, start: int, keep: np.ndarray) -> None:
         """Keep the tokens before ``start`` and those at positions ``keep`` (in order)."""
         index = np.concatenate([np.arange(start, dtype=np.int64), keep])

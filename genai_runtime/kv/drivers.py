@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from ..errors import UnsupportedError
 from ..session.bound import BoundSession
 from .base import KVCache
 from .static_scatter import RowDrivers
@@ -43,3 +46,9 @@ class DriverFed:
 
     def rewind_to(self, length: int) -> None:
         self.inner.rewind_to(length)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        reorder = getattr(self.inner, "reorder", None)
+        if reorder is None:
+            raise UnsupportedError(f"a {self.kind} cache cannot reorder its rows (beam search)")
+        reorder(rows)

@@ -27,7 +27,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..session.bound import BoundSession
-from .base import KVLayout, PreallocatedBuffers
+from .base import KVLayout, PreallocatedBuffers, move_rows
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -120,6 +120,10 @@ class _FixedShapeCache(PreallocatedBuffers):
             self._rewind_rows(target)
             self.valid[:] = target
         self.length = min(self.length, length)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        move_rows(self._arrays, rows, 0)  # whole contexts: where rows sit depends on the kind
+        self.valid[:] = self.valid[rows]
 
     def _mask_past(self, b: int) -> None:
         raise NotImplementedError

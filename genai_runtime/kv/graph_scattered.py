@@ -14,7 +14,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..session.bound import BoundSession
-from .base import KVLayout, PreallocatedBuffers, bind_in_place
+from .base import KVLayout, PreallocatedBuffers, bind_in_place, move_rows
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -63,3 +63,6 @@ class GraphScatteredCache(PreallocatedBuffers):
     def rewind_to(self, length: int) -> None:
         # Rows past a query's position are masked by the graph and overwritten when reached.
         self.length = min(self.length, length)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        move_rows(self._arrays, rows, 0, (slice(None), slice(0, self.length)))

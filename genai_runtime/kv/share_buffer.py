@@ -29,7 +29,7 @@ import onnxruntime as ort
 
 from ..session.bound import BoundSession
 from ..session.device import HOST, Device
-from .base import KVLayout, bind_in_place
+from .base import KVLayout, bind_in_place, move_rows
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -156,6 +156,15 @@ class ShareBufferCache:
     def rewind_to(self, length: int) -> None:
         # Attention reads only up to each row's sequence length, so rewinding is bookkeeping.
         self.length = min(self.length, length)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        if not self.device.host:  # on the device: gathered there, buffers replaced
+            if (rows != np.arange(rows.size)).any():
+                self._values = [self.device.take(v, rows, 0) for v in self._values]
+                self._epoch += 1
+            return
+        # On the host in place, only the positions held: the buffers stay bound as they are.
+        move_rows(self._arrays, rows, 0, (slice(None), slice(0, self.length)))
 
     def compact(self, start: int, keep: np.ndarray) -> None:
         """Keep the tokens before ``start`` and those at positions ``keep`` (in order), moved

@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..session.bound import BoundSession
-from .base import KVLayout, bind_in_place
+from .base import KVLayout, bind_in_place, move_rows
 from .share_buffer import ShareBufferCache
 
 DEFAULT_SLACK = 16  # the reference's CPU default when cache_slack is 0
@@ -92,3 +92,8 @@ class SlidingWindowCache:
         if self._full is not None:
             self._full.rewind_to(length)
         self.length = min(self.length, length)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        move_rows(self._arrays, rows, 0)  # whole windows: eviction has rotated their rows
+        if self._full is not None:
+            self._full.reorder(rows)

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
 from ..session.bound import BoundSession
-from .base import KVLayout, PreallocatedBuffers, bind_in_place
+from .base import KVLayout, PreallocatedBuffers, bind_in_place, move_rows
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -96,6 +96,9 @@ class StaticScatterCache(PreallocatedBuffers):
     def rewind_to(self, length: int) -> None:
         # Rows past nonpad_kv_seqlen are never read and the next pass overwrites them.
         self.length = min(self.length, length)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        move_rows(self._arrays, rows, 0, (slice(0, self.length),))
 
     def buffers(self) -> list[np.ndarray]:
         """The key/value arrays the graph writes in place, in ``layout.past`` order."""

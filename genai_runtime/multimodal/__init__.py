@@ -2,6 +2,14 @@
 
 from .inputs import Audios, Images
 from .processor import MultiModalProcessor
+from .streaming import StreamingProcessor
 from .tensors import NamedTensors, Tensor
 
-__all__ = ["Audios", "Images", "MultiModalProcessor", "NamedTensors", "Tensor"]
+__all__ = [
+    "Audios",
+    "Images",
+    "MultiModalProcessor",
+    "NamedTensors",
+    "StreamingProcessor",
+    "Tensor",
+]

@@ -23,12 +23,13 @@ import onnxruntime as ort
 from ..errors import GenerationError, ModelError, UnsupportedError
 from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
-from ..session.bound import BoundSession
 from ..session.device import HOST, Device
 from ..session.positions import PositionState
 from ..spec import TokensSpec
-from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan, StagePlan, role_name
-from .sessions import run_options
+from .fixed_pass import FixedShapePass
+from .logits import LogitsBuffer
+from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan
+from .stage import BoundStage, stage_output
 
 
 @dataclass(frozen=True)
@@ -60,51 +61,6 @@ def tree_obstacle(plan: Plan, can_compact: bool) -> str | None:
     return None
 
 
-class _Stage:
-    """A StagePlan bound to its session for one generator."""
-
-    def __init__(self, plan: StagePlan, session: ort.InferenceSession):
-        self.plan = plan
-        self.step = plan.step
-        self.bound = BoundSession(
-            plan.name, session, plan.io, run_options(dict(plan.session.options.run_options))
-        )
-        self.shapes: dict[str, tuple[int, ...]] = {}  # last shape bound per output
-        self.role_feeds = plan.feeds_from("role")
-        # The ids dtype, read once (used per token).
-        self.dtypes = {f.name: f.info.dtype for f in self.role_feeds if f.role == "input_ids"}
-        self.wire_feeds = plan.feeds_from("wire")
-        self.user_feeds = plan.feeds_from("user")
-        self.has_kv = bool(plan.feeds_from("kv"))
-        self.has_cross = bool(plan.feeds_from("cross"))
-        # Outputs of a per_image stage: concatenated over images, read instead of the binding.
-        self.joined: dict[str, ort.OrtValue] = {}
-        self.recurrent = []  # (input, output feeding it next pass)
-        for feed in self.role_feeds:
-            if feed.role in RECURRENT_ROLES:
-                out = role_name(plan.session, RECURRENT_ROLES[feed.role])
-                if out not in plan.io.outputs:
-                    raise ModelError(
-                        f"{plan.io.file}: recurrent input {feed.name!r} needs output {out!r} "
-                        f"({RECURRENT_ROLES[feed.role]}); outputs: {', '.join(plan.io.outputs)}"
-                    )
-                self.recurrent.append((feed.name, out))
-        claimed = set()
-        if plan.layout is not None:
-            claimed.update(n for layer in plan.layout.present for n in layer)
-        if plan.logits is not None:
-            claimed.add(plan.logits.name)
-        # Wire sources, and the rest (readable through get_output()), are allocated by
-        # onnxruntime per run: their shapes change with the number of tokens in a pass.
-        self.alloc_outputs = [n for n in plan.io.outputs if n not in claimed]
-
-    def bind_alloc_outputs(self) -> None:
-        # Rebinding drops the tensor the last run left bound, which onnxruntime would otherwise
-        # take as a preallocated output of the old shape.
-        for name in self.alloc_outputs:
-            self.bound.bind_output_alloc(name)
-
-
 class Executor:
     def __init__(
         self,
@@ -121,7 +77,7 @@ class Executor:
         self._pad = pad_token_id
         self.batch_size = batch_size
         self.max_length = max_length
-        self.stages = [_Stage(p, sessions[p.name]) for p in plan.stages]
+        self.stages = [BoundStage(p, sessions[p.name]) for p in plan.stages]
         mask_dtype = pos_dtype = np.dtype(np.int64)
         for stage in plan.stages:
             for feed in stage.feeds_from("role"):
@@ -160,22 +116,23 @@ class Executor:
         self._source_mask: np.ndarray | None = None
         self._masks: dict[tuple, np.ndarray] = {}
         self._recurrent: dict[str, ort.OrtValue] = {}
+        self._snapshot: tuple[int, dict[str, ort.OrtValue]] | None = None  # see ``snapshot``
         self._final_stages = [s for s in self.stages if s.step.when == "final"]
         self._init_done = not self._init_stages
         self._final_done = False
         self._last_tokens = np.zeros((batch_size, 1), np.int64)
         self._ids: dict[tuple, np.ndarray] = {}
         self._scalars: dict[str, np.ndarray] = {}
-        self._logits_buf = np.empty(0, np.float32)
-        self._logits_out: np.ndarray | None = None
-        self._logits_views: dict[str, np.ndarray] = {}
-        self._last_run: dict[str, _Stage] = {}
+        self.logits = LogitsBuffer(batch_size, plan.vocab_size)
+        self._last_run: dict[str, BoundStage] = {}
         self._logits_stage = next(s for s in self.stages if s.plan.logits is not None)
-        self._fixed = self.cache if getattr(self.cache, "chunk", None) else None
-        self._fixed_rows: np.ndarray | None = None  # [B, V] logits of the last real tokens
+        self._fixed: FixedShapePass | None = None
         self._tree: TreePass | None = None  # set during a token-tree pass
-        if self._fixed is not None:
-            self._check_fixed_plan()
+        if getattr(self.cache, "chunk", None):
+            self._fixed = FixedShapePass(
+                self.stages, self._logits_stage, self.cache, self.positions, self.logits,
+                self.user_inputs,
+            )  # fmt: skip
 
     @property
     def length(self) -> int:
@@ -214,7 +171,10 @@ class Executor:
                 f"{self.max_length}"
             )
         if self._fixed is not None:
-            return self._forward_fixed(tokens)
+            out = self._fixed.forward(tokens)
+            self._last_run[self._logits_stage.plan.name] = self._logits_stage
+            self._last_tokens = tokens
+            return out
         prompt_pass = self.length == 0 or n > 1
         start = self.length
         self.positions.update(tokens)
@@ -265,106 +225,9 @@ class Executor:
             if self.cache is not None:
                 self.cache.rewind_to(step_length)
             raise
-        return self._read_logits(n)
+        return self.logits.rows(self._logits_stage, self.positions.last_index)
 
     # -- fixed-shape graphs ----------------------------------------------------------------
-
-    def _check_fixed_plan(self) -> None:
-        """A fixed-shape cache drives one decoder stage with chunks it lays out itself."""
-        steps = [s for s in self.stages if s.step.when == "step"]
-        stage = self._logits_stage
-        if len(self.stages) != 1 or steps != [stage] or not stage.has_kv:
-            raise ModelError(
-                f"{stage.plan.io.file}: a {self.cache.kind} cache runs a single decoder stage "
-                f"that holds the KV cache and the logits; this pipeline has "
-                f"{len(self.stages)} stages"
-            )
-        allowed = {"input_ids", "attention_mask", "position_ids", "cache_position"}
-        for feed in stage.role_feeds:
-            if feed.role not in allowed:
-                raise ModelError(
-                    f"{stage.plan.io.file}: input {feed.name!r} ({feed.role}) is not fed to a "
-                    f"fixed-shape graph (a {self.cache.kind} cache feeds "
-                    f"{', '.join(sorted(allowed))})"
-                )
-        logits = stage.plan.logits
-        if logits.rank != 3 or logits.static_dim(1) not in (None, self._fixed.chunk):
-            raise ModelError(
-                f"{stage.plan.io.file}: logits {logits} must be [batch, {self._fixed.chunk}, "
-                "vocab] for a fixed-shape graph"
-            )
-
-    def _forward_fixed(self, tokens: np.ndarray) -> np.ndarray:
-        """One pass over ``tokens`` [B, n] as fixed chunks: each row's real tokens are packed
-        ``chunk`` at a time (padded where the cache kind wants padding) and written to the
-        cache after each chunk; returns logits [B, V] at each row's last real token."""
-        cache, stage = self._fixed, self._logits_stage
-        n, start = tokens.shape[1], self.length
-        self.positions.update(tokens)
-        try:
-            real = self.positions.real_columns(start, n)
-            rows = [tokens[b, real[b]] for b in range(self.batch_size)]
-            counts = real.sum(axis=1)
-            cache.check_room(counts)
-            c = cache.chunk
-            for first in range(0, max(int(counts.max()), 1), c):
-                cache.fill([row[first : first + c] for row in rows])
-                self._feed_fixed(stage)
-                stage.bound.run()
-                cache.commit()
-                logits = self._fixed_logits(stage)
-                out = self._fixed_rows
-                if out is None or out.shape != (self.batch_size, logits.shape[2]):
-                    out = self._fixed_rows = np.zeros(
-                        (self.batch_size, logits.shape[2]), np.float32
-                    )
-                for b in range(self.batch_size):
-                    if cache.rows[b] and first + cache.rows[b] == counts[b]:  # its last token
-                        out[b] = logits[b, cache.last_column(b)]
-            cache.advance(stage.bound, n)
-        except Exception:
-            self.positions.rewind_to(start)
-            cache.rewind_to(start)
-            raise
-        self._last_run[stage.plan.name] = stage
-        self._last_tokens = tokens
-        return out
-
-    def _feed_fixed(self, stage: _Stage) -> None:
-        cache = self._fixed
-        arrays = {
-            "input_ids": cache.ids,
-            "attention_mask": cache.mask,
-            "position_ids": cache.position_ids,
-            "cache_position": cache.cache_position,
-        }
-        for feed in stage.role_feeds:
-            array = arrays[feed.role]
-            if array.dtype != feed.info.dtype:
-                array = self._cast_buffer(feed.name, array, feed.info.dtype)
-            self._bind(stage, feed.name, array)
-        for feed in stage.user_feeds:
-            if feed.name not in self.user_inputs:
-                raise GenerationError(
-                    f"{stage.plan.io.file} needs input {feed.name!r} ({feed.info}), which no "
-                    "role or cache provides: set it with set_inputs() / set_model_input()"
-                )
-            stage.bound.bind_value(feed.name, self.user_inputs[feed.name])
-        cache.bind(stage.bound, cache.chunk)
-        self._bind_logits(stage, cache.chunk)
-        stage.bind_alloc_outputs()
-
-    def _cast_buffer(self, name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        out = self._ids.get((name, dtype))
-        if out is None:  # one per input: the same buffer is rebound by pointer every chunk
-            out = self._ids[(name, dtype)] = np.zeros(array.shape, dtype)
-        out[...] = array
-        return out
-
-    def _fixed_logits(self, stage: _Stage) -> np.ndarray:
-        if self.plan.vocab_size is None or not stage.bound.device.host:
-            return stage.bound.output(stage.plan.logits.name).numpy()
-        return self._logits_out
 
     def rewind_to(self, length: int) -> None:
         """Forget tokens past ``length``; init outputs (cross cache, image features) stay."""
@@ -375,20 +238,39 @@ class Executor:
                 f"cannot rewind to {length}: the encoder read the prompt, so only rewind_to(0) "
                 "(a new prompt) is possible"
             )
-        if self._recurrent and length:
+        restore = self._snapshot is not None and self._snapshot[0] == length
+        if self._recurrent and length and not restore:
             raise GenerationError(
-                f"cannot rewind to {length}: a recurrent state ({', '.join(self._recurrent)}) "
-                "only rewinds to 0"
+                f"cannot rewind: a recurrent state ({', '.join(self._recurrent)}) rewinds only "
+                "to 0 or to where snapshot_state was called"
             )
         if self.cache is not None:  # first: a cache may refuse (evicted rows), changing nothing
             self.cache.rewind_to(length)
         self.positions.rewind_to(length)
         self._step_positions.rewind_to(length)
+        if restore and length:
+            self._recurrent.update(self._snapshot[1])
         if length == 0:
             self._recurrent.clear()
+            self._snapshot = None
             if self._source:
                 self._init_done = False  # the next prompt is a new source
         self._final_done = False
+
+    def snapshot(self) -> None:
+        """Keep the recurrent state at this length for ``rewind_to`` it (the reference's
+        ``snapshot_state``). Each pass allocates new state outputs, so holding them is a copy."""
+        self._snapshot = (self.length, dict(self._recurrent)) if self._recurrent else None
+
+    def reorder_rows(self, rows: np.ndarray) -> None:
+        """Cache row i takes old row ``rows[i]`` (beam search: among one prompt's rows, which
+        share positions and cross-attention inputs)."""
+        reorder = getattr(self.cache, "reorder", None)
+        if self._recurrent or (self.cache is not None and reorder is None):
+            held = ", ".join(self._recurrent) or f"a {self.cache.kind} cache"
+            raise UnsupportedError(f"beam search cannot reorder the rows of {held}")
+        if reorder is not None:
+            reorder(rows)
 
     def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
@@ -417,8 +299,9 @@ class Executor:
             self._last_run[stage.plan.name] = stage
         self._final_done = True
 
-    def set_input(self, name: str, array: np.ndarray) -> None:
-        """A user tensor (``set_model_input`` / ``set_inputs``); init stages that read it rerun."""
+    def set_input(self, name: str, array: np.ndarray, repeat: int = 1) -> None:
+        """A user tensor (``set_model_input`` / ``set_inputs``); init stages that read it rerun.
+        ``repeat``: a batched input given per prompt has each row repeated (beam search)."""
         readers = [s for s in self.stages if any(f.name == name for f in s.user_feeds)]
         if not readers:
             known = sorted({f.name for s in self.stages for f in s.user_feeds})
@@ -428,6 +311,8 @@ class Executor:
             )
         for stage in readers:
             feed = next(f for f in stage.user_feeds if f.name == name)
+            if repeat > 1 and _batched(stage, feed) and array.shape[0] * repeat == self.batch_size:
+                array = np.repeat(array, repeat, axis=0)
             _check_user_tensor(stage, feed, array, self.batch_size)
         self.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
         if any(s.step.when == "init" for s in readers):
@@ -435,7 +320,7 @@ class Executor:
 
     # -- init phase ------------------------------------------------------------------------
 
-    def _run_init(self, stage: _Stage, tokens: np.ndarray, start: int, n: int) -> None:
+    def _run_init(self, stage: BoundStage, tokens: np.ndarray, start: int, n: int) -> None:
         if stage.step.loop == "per_image":
             self._run_per_image(stage, tokens, start, n)
         else:
@@ -446,7 +331,7 @@ class Executor:
         if self.cross is not None and stage.plan.name == self.cross.layout.source:
             self.cross.capture(stage.bound)
 
-    def _run_per_image(self, stage: _Stage, tokens: np.ndarray, start: int, n: int) -> None:
+    def _run_per_image(self, stage: BoundStage, tokens: np.ndarray, start: int, n: int) -> None:
         """One run per image (the user inputs' leading axis), outputs joined on axis 0."""
         file = stage.plan.io.file
         arrays = {}
@@ -485,7 +370,7 @@ class Executor:
 
     # -- feeding ---------------------------------------------------------------------------
 
-    def _feed(self, stage: _Stage, tokens: np.ndarray, start: int, n: int) -> None:
+    def _feed(self, stage: BoundStage, tokens: np.ndarray, start: int, n: int) -> None:
         bound = stage.bound
         for feed in stage.role_feeds:
             role = feed.role
@@ -526,7 +411,7 @@ class Executor:
             source = self._last_run.get(feed.wire.src)
             if source is None:
                 raise GenerationError(f"wire {feed.wire}: {feed.wire.src!r} has not run yet")
-            bound.bind_value(feed.name, _output(source, feed.wire.src_tensor))
+            bound.bind_value(feed.name, stage_output(source, feed.wire.src_tensor))
         for feed in stage.user_feeds:
             if feed.name not in self.user_inputs:
                 raise GenerationError(
@@ -539,10 +424,10 @@ class Executor:
         if stage.has_cross and self.cross is not None:
             self.cross.bind(bound)
         if stage.plan.logits is not None:
-            self._bind_logits(stage, n)
+            self.logits.bind(stage, n)
         stage.bind_alloc_outputs()
 
-    def _bind(self, stage: _Stage, name: str, array: np.ndarray) -> None:
+    def _bind(self, stage: BoundStage, name: str, array: np.ndarray) -> None:
         """A per-pass host input, bound where its session reads it (``BoundSession.feed``)."""
         stage.bound.feed(name, array)
 
@@ -578,7 +463,7 @@ class Executor:
             out = self._masks[key] = np.ascontiguousarray(mask, feed.info.dtype)
         return out
 
-    def _zeros(self, stage: _Stage, feed) -> ort.OrtValue:
+    def _zeros(self, stage: BoundStage, feed) -> ort.OrtValue:
         shape = []
         for dim in feed.info.shape:
             if isinstance(dim, int) and dim >= 0:
@@ -609,74 +494,20 @@ class Executor:
         arr[...] = value
         return arr
 
-    def _bind_logits(self, stage: _Stage, n: int) -> None:
-        info = stage.plan.logits
-        vocab = self.plan.vocab_size
-        if vocab is None or not stage.bound.device.host:
-            # On a device the logits stay there until the rows token choice needs are taken.
-            stage.bound.bind_output_alloc(info.name)
-            return
-        if info.rank == 3:
-            # A graph with a pruned lm_head declares [B, 1, V]: last position only, any n.
-            rows = 1 if info.static_dim(1) == 1 else n
-            shape: tuple[int, ...] = (self.batch_size, rows, vocab)
-        else:
-            shape = (self.batch_size, vocab)
-        size = self.batch_size * vocab * (shape[1] if len(shape) == 3 else 1)
-        if self._logits_buf.size < size or self._logits_buf.dtype != info.dtype:
-            self._logits_buf = np.empty(size, info.dtype)
-        # Keyed by buffer too: with two logits stages (prefill/decode), one may have grown it.
-        key = (shape, self._logits_buf.__array_interface__["data"][0])
-        if stage.shapes.get(info.name) != key:
-            self._logits_views[stage.plan.name] = self._logits_buf[:size].reshape(shape)
-            stage.bound.bind_output_array(info.name, self._logits_views[stage.plan.name])
-            stage.shapes[info.name] = key
-        self._logits_out = self._logits_views[stage.plan.name]  # a decode pass: still bound
-
-    def _read_logits(self, n: int) -> np.ndarray:
-        stage = self._logits_stage
-        device = stage.bound.device
-        if not device.host:
-            logits = self._device_rows(stage)
-        elif self.plan.vocab_size is None:
-            logits = stage.bound.output(stage.plan.logits.name).numpy()
-        else:
-            logits = self._logits_out
-        if logits.ndim == 2:
-            rows = logits
-        elif logits.shape[1] == 1:  # one token, or a pruned lm_head (the graph picked the row)
-            rows = logits[:, 0, :]
-        else:
-            rows = logits[np.arange(self.batch_size), self.positions.last_index]
-        return rows if rows.dtype == np.float32 else rows.astype(np.float32)
-
-    def _device_rows(self, stage: _Stage) -> np.ndarray:
-        """The logits rows token choice reads, copied from the device: each row's last real
-        token when all rows end at the same column (one small gather there), else all rows."""
-        value = stage.bound.output(stage.plan.logits.name)
-        shape = value.shape()
-        if len(shape) == 3 and shape[1] > 1:
-            last = np.unique(self.positions.last_index)
-            if last.size == 1:
-                return stage.bound.device.take(value, last, axis=1).numpy()
-        return value.numpy()
-
     def pass_logits(self) -> np.ndarray:
         """Logits ``[B, n, V]`` at every position of the last pass (a view the next pass
         overwrites); speculative verification scores all drafted tokens from one pass."""
         stage = self._logits_stage
         if self._fixed is not None:  # chunked passes: the buffer holds the last chunk only
             raise ModelError(
-                f"{stage.plan.io.file}: a {self._fixed.kind} cache runs fixed chunks, so one "
+                f"{stage.plan.io.file}: a {self.cache.kind} cache runs fixed chunks, so one "
                 "pass's logits at every position are not kept"
             )
         if stage.plan.logits.rank != 3:
             raise ModelError(
                 f"{stage.plan.io.file}: logits {stage.plan.logits} hold the last position only"
             )
-        if self.plan.vocab_size is None or not stage.bound.device.host:
-            return stage.bound.output(stage.plan.logits.name).numpy()
-        return self._logits_out
+        return self.logits.whole(stage)
 
     def output(self, name: str) -> np.ndarray:
         """An output of the last pass, by tensor name (for ``Generator.get_output``)."""
@@ -684,13 +515,13 @@ class Executor:
             if name not in stage.plan.io.outputs:
                 continue
             logits = stage.plan.logits
-            if logits is not None and name == logits.name and self._logits_out is not None:
-                return self._logits_out.copy()
-            return _output(stage, name).numpy().copy()
+            if logits is not None and name == logits.name and self.logits.last is not None:
+                return self.logits.last.copy()
+            return stage_output(stage, name).numpy().copy()
         raise GenerationError(f"no stage has run with an output named {name!r}")
 
 
-def _kv_device(stages: list[_Stage]) -> Device:
+def _kv_device(stages: list[BoundStage]) -> Device:
     """The device of the stages that hold the KV cache (one device for all of them)."""
     devices = {s.bound.device for s in stages if s.has_kv}
     if len(devices) > 1:
@@ -699,12 +530,12 @@ def _kv_device(stages: list[_Stage]) -> Device:
     return devices.pop() if devices else HOST
 
 
-def _output(stage: _Stage, name: str) -> ort.OrtValue:
-    joined = stage.joined.get(name)
-    return joined if joined is not None else stage.bound.output(name)
+def _batched(stage: BoundStage, feed) -> bool:  # axis 0 named a batch (per-image loops: images)
+    first = feed.info.shape[0] if feed.info.shape else None
+    return stage.step.loop != "per_image" and isinstance(first, str) and "batch" in first.lower()
 
 
-def _check_user_tensor(stage: _Stage, feed, array: np.ndarray, batch: int) -> None:
+def _check_user_tensor(stage: BoundStage, feed, array: np.ndarray, batch: int) -> None:
     """Rank, dtype, fixed dims and a batch axis of the generator's batch size."""
     file, info = stage.plan.io.file, feed.info
     if array.ndim != info.rank:
@@ -725,9 +556,7 @@ def _check_user_tensor(stage: _Stage, feed, array: np.ndarray, batch: int) -> No
                 f"{file}: input {feed.name!r} expects {dim} on axis {axis} ({info}), got shape "
                 f"{array.shape}"
             )
-    first = info.shape[0] if info.shape else None
-    batched = isinstance(first, str) and "batch" in first.lower()
-    if not per_image and batched and array.shape[0] != batch:
+    if _batched(stage, feed) and array.shape[0] != batch:
         raise GenerationError(
             f"{file}: input {feed.name!r} has batch {array.shape[0]} on axis 0 but the "
             f"generator's batch_size is {batch}"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from ..environment import gpu_device_id, plugin_devices
 from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError
 from ..session.device import check_provider
 from ..session.graph_io import SessionIO
@@ -49,6 +50,8 @@ def ort_provider(name: str) -> str:
         return name
     key = name.lower().replace("_", "").replace("-", "")
     if key not in PROVIDERS:
+        if plugin_devices(name):  # a registered plugin library's provider, by its own name
+            return name
         raise UnsupportedError(
             f"unknown execution provider {name!r} (expected one of: {', '.join(PROVIDERS)})"
         )
@@ -115,12 +118,15 @@ def providers_for(spec: SessionOptionsSpec) -> list[tuple[str, dict[str, str]]]:
         if not provider.name:
             continue
         name = ort_provider(provider.name)
-        check_provider(name, provider.name)
+        if not plugin_devices(name):  # a plugin library's provider is not in the build list
+            check_provider(name, provider.name)
         options = dict(provider.options)
         for key, why in DISABLED_OPTIONS.items():
             if str(options.get(key, "0")).lower() not in ("0", "false", ""):
                 warnings.warn(f"{name} {key}: {why}", RuntimeWarning, stacklevel=2)
                 options[key] = "0"
+        if name == "CUDAExecutionProvider" and gpu_device_id() is not None:
+            options.setdefault("device_id", str(gpu_device_id()))  # set_current_gpu_device_id
         chosen.append((name, options))
     if all(name != "CPUExecutionProvider" for name, _ in chosen):
         chosen.append(("CPUExecutionProvider", {}))
@@ -184,12 +190,15 @@ def create_session(
             options.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path", folder
             )
+    if any(plugin_devices(name) for name, _ in providers):
+        add_providers_by_device(options, providers)
+        providers = []
     try:
         return ort.InferenceSession(
             model,
             sess_options=options,
-            providers=[name for name, _ in providers],
-            provider_options=[opts for _, opts in providers],
+            providers=[name for name, _ in providers] or None,
+            provider_options=[opts for _, opts in providers] or None,
         )
     except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -197,6 +206,23 @@ def create_session(
               if "device_id" in opts]  # fmt: skip
         at = f" on {', '.join(on)}" if on else ""
         raise ModelError(f"{where}.file: cannot load {path}{at}: {reason}") from exc
+
+
+def add_providers_by_device(
+    options: ort.SessionOptions, providers: list[tuple[str, dict[str, str]]]
+) -> None:
+    """Select providers by device, as a plugin library's provider must be (onnxruntime then
+    takes no provider names, so every provider of the session goes this way, CPU included)."""
+    devices = ort.get_ep_devices()
+    for name, provider_options in providers:
+        found = [d for d in devices if d.ep_name == name]
+        if not found:
+            offered = sorted({d.ep_name for d in devices})
+            raise UnsupportedError(
+                f"execution provider {name} offers no device to run on beside a plugin "
+                f"provider (providers with devices: {', '.join(offered)})"
+            )
+        options.add_provider_for_devices(found, provider_options)
 
 
 def _pruned(spec: SessionSpec, path: Path) -> bytes | None:

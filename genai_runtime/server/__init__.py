@@ -12,6 +12,7 @@ import math
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..config.pulled import pulled_folder
@@ -34,8 +35,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_engine(model_dir: str | Path, device: str | None = None, **engine_options):
-    """Load a model folder and start an engine over it."""
+def build_engine(
+    model_dir: str | Path,
+    device: str | None = None,
+    adapters: Mapping[str, str] | None = None,
+    **engine_options,
+):
+    """Load a model folder (and its LoRA ``adapters``, name -> ``.onnx_adapter`` path) and
+    start an engine over it."""
+    from ..adapters import Adapters
     from ..model import Config, Model
     from ..tokenizer import Tokenizer
     from .engine import Engine
@@ -44,7 +52,12 @@ def build_engine(model_dir: str | Path, device: str | None = None, **engine_opti
     if device:
         config.use_device(device)
     model = Model(config)
-    engine = Engine(model, Tokenizer(model), **engine_options)
+    loaded = None
+    if adapters:
+        loaded = Adapters(model)
+        for name, path in adapters.items():
+            loaded.load(path, name)
+    engine = Engine(model, Tokenizer(model), adapters=loaded, **engine_options)
     engine.start()
     return engine
 
@@ -90,8 +103,11 @@ class ServerHandle:
         prefix_reuse: bool = True,
         special_tokens_in_messages: bool = False,
         device: str | None = None,
+        adapters: Mapping[str, str] | None = None,
         log_level: str = "warning",
     ):
+        """``adapters``: LoRA adapter name -> ``.onnx_adapter`` file; a request picks one with
+        ``model: "<served name>:<adapter>"``."""
         try:
             import uvicorn
         except ImportError as exc:
@@ -122,6 +138,9 @@ class ServerHandle:
         if not folder.is_dir():
             raise GenaiRuntimeError(f"model folder not found: {model_dir} (nor a pulled model)")
         model_dir = str(folder)
+        for name in adapters or {}:
+            if not isinstance(name, str) or not name or ":" in name:
+                raise GenaiRuntimeError(f"adapter name {name!r}: expected a name without ':'")
         self.state = ServerState(
             served_name=served_name or folder.resolve().name,
             api_key=api_key or None,
@@ -145,6 +164,7 @@ class ServerHandle:
             batched=batched,
             prefix_reuse=prefix_reuse,
             device=device,
+            adapters=dict(adapters or {}),
         )
         threading.Thread(
             target=self._load, args=(model_dir, engine_options), name="genai-load", daemon=True

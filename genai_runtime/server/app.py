@@ -118,13 +118,15 @@ def create_app(state: ServerState) -> Starlette:
 
     async def models(request: Request) -> Response:
         authorize(request)
-        return JSONResponse({"object": "list", "data": [_model_card(state)]})
+        cards = [_model_card(state, name) for name in _served_names(state)]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def model_info(request: Request) -> Response:
         authorize(request)
-        if request.path_params["name"] != state.served_name:
-            raise _no_model(request.path_params["name"], state.served_name)
-        return JSONResponse(_model_card(state))
+        name = request.path_params["name"]
+        if name not in _served_names(state):
+            raise _no_model(name, state)
+        return JSONResponse(_model_card(state, name))
 
     async def metrics(request: Request) -> Response:
         authorize(request)
@@ -133,19 +135,20 @@ def create_app(state: ServerState) -> Starlette:
     async def chat(request: Request) -> Response:
         authorize(request)
         parsed = parse_chat(await _read_json(request, state))
-        eng = _checked(state, parsed, engine())
+        eng, adapter = _checked(state, parsed, engine())
         note_ignored(request.scope, parsed.unknown)
         literal = not state.special_tokens_in_messages
         ids, picker = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
-        return await _respond(request, state, eng, parsed, ids, picker, chat=True)
+        return await _respond(request, state, eng, parsed, ids, picker, chat=True, adapter=adapter)
 
     async def completions(request: Request) -> Response:
         authorize(request)
         parsed = parse_completion(await _read_json(request, state))
-        eng = _checked(state, parsed, engine())
+        eng, adapter = _checked(state, parsed, engine())
         note_ignored(request.scope, parsed.unknown)
         ids = await _off_loop(state, _completion_prompt, eng, parsed)
-        return await _respond(request, state, eng, parsed, ids, _picker(eng, parsed), chat=False)
+        picker = _picker(eng, parsed)
+        return await _respond(request, state, eng, parsed, ids, picker, chat=False, adapter=adapter)
 
     async def api_error(request: Request, exc: APIError) -> Response:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -201,31 +204,39 @@ class _Contained:
                 await JSONResponse(err.body(), status_code=500)(scope, receive, send)
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {
-        "id": state.served_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "genai_runtime",
-    }
+def _served_names(state: ServerState) -> list[str]:
+    """The base model's name, then ``name:adapter`` for each LoRA adapter loaded."""
+    adapters = state.engine.adapters if state.engine is not None else None
+    names = adapters.names() if adapters is not None else []
+    return [state.served_name, *(f"{state.served_name}:{a}" for a in names)]
 
 
-def _no_model(name: str, served: str) -> APIError:
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    card = {"id": name, "object": "model", "created": state.created, "owned_by": "genai_runtime"}
+    if name != state.served_name:
+        card["parent"] = state.served_name  # a LoRA adapter over the base model
+    return card
+
+
+def _no_model(name: str, state: ServerState) -> APIError:
     shown = name if len(name) <= 64 else name[:61] + "..."
+    served = ", ".join(repr(n) for n in _served_names(state)[:8])
     return APIError(
         404,
-        f"the model {shown!r} is not served here (served: {served!r})",
+        f"the model {shown!r} is not served here (served: {served})",
         type="invalid_request_error",
         param="model",
         code="model_not_found",
     )
 
 
-def _checked(state: ServerState, parsed: ParsedRequest, eng: Engine) -> Engine:
-    # The model field is a served name, compared as a string: never opened as a path.
-    if parsed.model != state.served_name:
-        raise _no_model(parsed.model, state.served_name)
-    return eng
+def _checked(state: ServerState, parsed: ParsedRequest, eng: Engine) -> tuple[Engine, str | None]:
+    """The engine and the LoRA adapter the request's model names (``base:adapter``, None for
+    the base). The model field is a served name, compared as a string: never opened as a path."""
+    if parsed.model not in _served_names(state):
+        raise _no_model(parsed.model, state)
+    adapter = parsed.model[len(state.served_name) + 1 :] or None
+    return eng, adapter
 
 
 async def _off_loop(state: ServerState, fn: Callable, *args: Any) -> Any:
@@ -349,6 +360,7 @@ async def _respond(
     picker: TokenPicker,
     *,
     chat: bool,
+    adapter: str | None = None,
 ) -> Response:
     s = parsed.sampling
     room = eng.context - len(ids)
@@ -370,6 +382,7 @@ async def _respond(
         loop=loop,
         events=asyncio.Queue(),
         picker=picker,
+        adapter=adapter,
     )
     eng.submit(job)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]

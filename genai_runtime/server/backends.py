@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..adapters import Adapters
 from ..errors import ModelError
 from ..model import Model
+from ..runtime.adapters import bind_adapter
 from ..runtime.executor import Executor
 from ..runtime.sessions import run_options
 from ..session.bound import BoundSession
@@ -24,25 +26,38 @@ GROWTH_TOKENS = 256
 
 
 class InterleavedSlots:
-    """One batch-1 executor per slot; a decode step runs the slots one after another."""
+    """One batch-1 executor per slot; a decode step runs the slots one after another.
+
+    With LoRA ``adapters``, a slot's executor has the adapter of the request it serves bound;
+    a request with another adapter (or none) gets a fresh executor, as tensors stay bound."""
 
     kind = "interleaved"
 
-    def __init__(self, model: Model, num_slots: int, max_length: int):
+    def __init__(
+        self, model: Model, num_slots: int, max_length: int, adapters: Adapters | None = None
+    ):
         self.num_slots = num_slots
         self.max_length = max_length
         self._pipeline = model.pipeline
+        self._adapters = adapters
         self._slots: list[Executor | None] = [None] * num_slots
+        self._slot_adapter: list[str | None] = [None] * num_slots
 
-    def _executor(self, slot: int) -> Executor:
+    def _executor(self, slot: int, adapter: str | None) -> Executor:
         ex = self._slots[slot]
-        if ex is None:
-            ex = self._slots[slot] = self._pipeline.executor(1, self.max_length)
+        if ex is None or adapter != self._slot_adapter[slot]:
+            self._slots[slot] = None  # the old cache goes before the new one is allocated
+            ex = self._pipeline.executor(1, self.max_length)
+            if adapter is not None:
+                bind_adapter(ex, self._adapters.acquire(adapter, self))
+            self._slots[slot], self._slot_adapter[slot] = ex, adapter
         return ex
 
-    def prefill(self, slot: int, tokens: np.ndarray, start: int) -> np.ndarray:
+    def prefill(
+        self, slot: int, tokens: np.ndarray, start: int, adapter: str | None = None
+    ) -> np.ndarray:
         """Keep the slot's first ``start`` tokens, run ``tokens`` after them; logits [V]."""
-        ex = self._executor(slot)
+        ex = self._executor(slot, adapter)
         ex.rewind_to(start)
         try:
             return ex.forward(tokens.reshape(1, -1).astype(np.int32))[0].copy()
@@ -157,7 +172,11 @@ class BatchedSlots:
         self._capacity = capacity
         self._decode_rows = 0  # the decode binding must point at the new buffers
 
-    def prefill(self, slot: int, tokens: np.ndarray, start: int) -> np.ndarray:
+    def prefill(
+        self, slot: int, tokens: np.ndarray, start: int, adapter: str | None = None
+    ) -> np.ndarray:
+        if adapter is not None:  # the engine interleaves requests when adapters are loaded
+            raise ModelError("batched decode runs no LoRA adapter")
         n = int(tokens.size)
         self._reserve(start + n)
         self._lengths[slot] = start

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..adapters import Adapters
 from ..decoding.chain import make_picker
 from ..decoding.picker import TokenPicker
 from ..decoding.processors import Processor
@@ -45,6 +46,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     picker: TokenPicker
+    adapter: str | None = None  # a LoRA adapter of the engine's, by name
     cancelled: bool = False
     submitted: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -87,26 +89,35 @@ class Engine:
         max_context: int | None = None,
         batched: bool | None = None,
         prefix_reuse: bool = True,
+        adapters: Adapters | None = None,
     ):
         self.model = model
+        self.adapters = adapters
         self.prefix_reuse = prefix_reuse
         self.tokenizer = tokenizer
         self.max_queued = max_queued
         self.context = min(model.spec.generation.max_length, max_context or 1 << 62)
         why = BatchedSlots.supports(model)
+        if adapters is not None and adapters.names():
+            # One batched call runs every row with the same tensors: adapters need own passes.
+            why = "LoRA adapters are loaded"
+            batched = False if batched is None else batched
         if batched is None:
             batched = why is None
         elif batched and why is not None:
             log.warning("batched decode unavailable (%s); interleaving requests", why)
             batched = False
-        kind = BatchedSlots if batched else InterleavedSlots
-        self.slots = kind(model, max_active, self.context)
+        if batched:
+            self.slots = BatchedSlots(model, max_active, self.context)
+        else:
+            self.slots = InterleavedSlots(model, max_active, self.context, adapters)
         self.eos = frozenset(int(t) for t in model.spec.tokens.eos)
         self.stats = Stats()
         self.failed: str | None = None  # set if the engine thread dies
         self._waiting: deque[Job] = deque()
         self._active: dict[int, Job] = {}
         self._held: list[np.ndarray] = [np.zeros(0, np.int64)] * max_active  # per slot
+        self._held_adapter: list[str | None] = [None] * max_active  # what computed _held
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._stop = False
@@ -242,7 +253,7 @@ class Engine:
                 if not free or not self._waiting:
                     return
                 job = self._waiting.popleft()
-            slot, common = self._pick_slot(free, job.prompt)
+            slot, common = self._pick_slot(free, job.prompt, job.adapter)
             job.slot = slot
             job.reused = common
             job.rng = make_rng(-1 if job.sampling.seed is None else job.sampling.seed % 2**63)
@@ -250,8 +261,9 @@ class Engine:
             with self._lock:
                 self._active[slot] = job
             self._held[slot] = job.prompt[:common]
+            self._held_adapter[slot] = job.adapter
             try:
-                job.next_logits = self.slots.prefill(slot, job.prompt[common:], common)
+                job.next_logits = self.slots.prefill(slot, job.prompt[common:], common, job.adapter)
             except Exception as exc:
                 self._finish(job, None)
                 self._held[slot] = np.zeros(0, np.int64)
@@ -261,14 +273,18 @@ class Engine:
             self.stats.prompt_tokens += len(job.prompt)
             self.stats.reused_tokens += common
 
-    def _pick_slot(self, free: list[int], prompt: np.ndarray) -> tuple[int, int]:
-        """The free slot sharing the longest prefix with ``prompt``. At least two tokens are
-        always prefilled: int4 kernels round a one-row pass differently, and the logits must not
-        depend on how much of the prompt was cached."""
+    def _pick_slot(
+        self, free: list[int], prompt: np.ndarray, adapter: str | None = None
+    ) -> tuple[int, int]:
+        """The free slot sharing the longest prefix with ``prompt`` (cached under the same
+        adapter). At least two tokens are always prefilled: int4 kernels round a one-row pass
+        differently, and the logits must not depend on how much of the prompt was cached."""
         best, best_common = free[0], -1
         if not self.prefix_reuse:
             return best, 0
         for slot in free:
+            if self._held_adapter[slot] != adapter:
+                continue
             held = self._held[slot]
             n = max(0, min(len(held), len(prompt) - 2))
             differ = np.flatnonzero(held[:n] != prompt[:n])

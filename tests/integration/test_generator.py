@@ -202,10 +202,10 @@ def test_calls_out_of_order_are_clear_errors() -> None:
         og.GeneratorParams(smollm2_2layers()).set_search_options(top_k=1.5)
 
 
-def test_beam_search_is_refused_clearly() -> None:
+def test_beam_search_with_sampling_is_refused_clearly() -> None:
     params = og.GeneratorParams(smollm2_2layers())
-    params.set_search_options(num_beams=4)
-    with pytest.raises(og.UnsupportedError, match="beam search"):
+    params.set_search_options(num_beams=4, do_sample=True, top_k=5)
+    with pytest.raises(og.GenerationError, match="cannot be used with a beam search"):
         og.Generator(smollm2_2layers(), params)
 
 

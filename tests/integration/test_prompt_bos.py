@@ -33,7 +33,7 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("bos")
-    folder = import_gguf(G.write_tiny_gemma3(base / "tiny.gguf"), base / "m", dtype="fp32").out_dir
+    folder = import_gguf(G.write_tiny_gemma3(base / "tiny.gguf"), base / "m", quant="fp32").out_dir
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text())
     assert config["add_bos_token"] is True and config["bos_token"] == "<bos>"

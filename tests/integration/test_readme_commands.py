@@ -166,6 +166,16 @@ def check_whisper_example(body: str, capsys) -> None:
     assert hasattr(og.Model, "create_multimodal_processor") and hasattr(og.Model, "transcribe")
 
 
+def is_adapters_example(lang: str, body: str) -> bool:
+    return lang == "python" and "og.Adapters" in body
+
+
+def check_adapters_example(body: str, capsys) -> None:
+    """The calls it shows exist (tests/integration/test_lora.py runs them on real adapters)."""
+    assert callable(og.Adapters.load) and callable(og.Adapters.unload)
+    assert callable(og.Generator.set_active_adapter)
+
+
 def is_diagram(lang: str, body: str) -> bool:
     return lang == "" and "─►" in body
 
@@ -183,6 +193,7 @@ CHECKS: list[tuple[Callable[[str, str], bool], Callable[..., None]]] = [
     (is_v2_config, check_v2_config),
     (is_decoding_chain, check_decoding_chain),
     (is_whisper_example, check_whisper_example),
+    (is_adapters_example, check_adapters_example),
     (is_diagram, check_diagram),
 ]
 

@@ -24,7 +24,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("kv",),
     ("runtime",),
     ("speculative", "plugins", "multimodal"),
-    ("model", "generator", "explain", "chat"),
+    ("model", "generator", "adapters", "explain", "chat"),
     ("server", "importer", "integrations"),
     ("cli", "__init__", "__main__"),
 )
