@@ -45,7 +45,7 @@ from .protocol import (
     parse_completion,
     request_grammar,
 )
-from .tool_calls import CALL_FORMATS, CallSplitter, ToolCall
+from .tool_calls import CALL_FORMATS, CallSplitter, ToolCall, tag_tokens
 from .tool_prompt import ToolTemplate, check_reaches, probe, template_input, uses_tools
 from .tools import ToolRequest, ToolRequestError
 from .transcriptions import DEFAULT_MAX_AUDIO_BYTES, transcription_route
@@ -331,15 +331,17 @@ def _picker(eng: Engine, parsed: ParsedRequest, template: ToolTemplate | None = 
 
 
 def _tool_grammar(eng: Engine, tools: ToolRequest, fmt: Any) -> Any:
+    tags = tag_tokens(eng.tokenizer.encode)
     try:
         return request_grammar(
-            eng.model, "lark_grammar", fmt.grammar(tools.callable, tools.several), "tools"
+            eng.model, "lark_grammar", fmt.grammar(tools.callable, tools.several, tags), "tools"
         )
     except APIError:  # name the tool whose parameters llguidance refused
         for i, tool in enumerate(tools.tools):
             if tool in tools.callable:
                 where = f"tools[{i}].function.parameters"
-                request_grammar(eng.model, "lark_grammar", fmt.grammar([tool], False), where)
+                grammar = fmt.grammar([tool], False, tags)
+                request_grammar(eng.model, "lark_grammar", grammar, where)
         raise
 
 

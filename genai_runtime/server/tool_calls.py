@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,13 +58,21 @@ class CallFormat:
     arguments_key: str
     json_array: bool
 
-    def grammar(self, tools: Iterable[Tool], parallel: bool) -> str:
+    def grammar(
+        self, tools: Iterable[Tool], parallel: bool, tag_ids: Mapping[str, int] | None = None
+    ) -> str:
         """An llguidance Lark grammar accepting exactly calls to ``tools``: one, or one or more
-        where ``parallel`` and the format can write several."""
+        where ``parallel`` and the format can write several. ``tag_ids``: the tags the
+        tokenizer writes as one token of their own (``tag_tokens``), named by id: llguidance
+        reads such a token as special, never as the tag's text (Qwen2.5's ``<tool_call>``)."""
         body = f"body: %json {json.dumps(self._schema(tools, parallel))}"
         if self.tagged:
+            ids = tag_ids or {}
+            opening, closing = (
+                f"<[{ids[t]}]>" if t in ids else json.dumps(t) for t in (OPEN, CLOSE)
+            )
             repeat = ' ("\\n" call)*' if parallel else ""
-            call = f'call: "{OPEN}\\n" body "\\n{CLOSE}"'
+            call = f'call: {opening} "\\n" body "\\n" {closing}'
             return f"start: call{repeat}\n{call}\n{body}\n"
         return f"start: body\n{body}\n"
 
@@ -95,6 +103,16 @@ class CallFormat:
         if len(objects) == 1 or not self.json_array:
             return "\n".join(json.dumps(o, ensure_ascii=False) for o in objects)
         return json.dumps(objects, ensure_ascii=False)
+
+
+def tag_tokens(encode: Callable[[str], Sequence[int]]) -> dict[str, int]:
+    """The call tags that ``encode`` (the model's tokenizer) turns into one token each."""
+    out = {}
+    for tag in (OPEN, CLOSE):
+        ids = encode(tag)
+        if len(ids) == 1:
+            out[tag] = int(ids[0])
+    return out
 
 
 def closed(schema: Any) -> Any:

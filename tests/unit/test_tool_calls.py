@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from conftest import require_shared
 from tool_templates import BARE_JSON, NO_SYSTEM, TAGGED
 
 from genai_runtime.server.protocol import APIError, parse_chat
@@ -24,6 +25,7 @@ from genai_runtime.server.tool_calls import (
     ToolCall,
     closed,
     split_reply,
+    tag_tokens,
 )
 from genai_runtime.server.tool_prompt import (
     ToolTemplate,
@@ -211,6 +213,46 @@ def test_call_formats_write_what_they_parse_and_schemas_close_objects():
     assert shut["properties"]["a"]["additionalProperties"] is False
     assert "additionalProperties" not in shut["allOf"][0]  # never inside a combinator
     jsonschema.validate({"a": {}}, shut)
+
+
+def test_tags_the_tokenizer_keeps_whole_are_forced_as_tokens(tmp_path):
+    """Qwen2.5's tokenizer has ``<tool_call>`` as an added token (not special): it writes the tag
+    as that one token, which llguidance reads as special, never as the tag's text, so a grammar
+    spelling the tag out refuses the model's own call. SmolLM2's tokenizer with the two tags added
+    the same way: the grammar names them by id and accepts the call as the tokenizer writes it."""
+    llguidance = pytest.importorskip("llguidance")
+    tokenizers = pytest.importorskip("tokenizers")
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+    from genai_runtime.decoding.guidance import load_tokenizer
+
+    doc = json.loads(require_shared("models", "smollm2-135m-instruct-int4", "tokenizer.json")
+                     .read_text(encoding="utf-8"))  # fmt: skip
+    plain = tokenizers.Tokenizer.from_str(json.dumps(doc))
+    assert tag_tokens(lambda t: plain.encode(t, add_special_tokens=False).ids) == {}
+    size = plain.get_vocab_size()
+    for i, tag in enumerate(("<tool_call>", "</tool_call>")):
+        doc["added_tokens"].append({"id": size + i, "content": tag, "single_word": False,
+                                    "lstrip": False, "rstrip": False, "normalized": False,
+                                    "special": False})  # fmt: skip
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    hf = tokenizers.Tokenizer.from_file(str(path))
+    tags = tag_tokens(lambda t: hf.encode(t, add_special_tokens=False).ids)
+    assert tags == {"<tool_call>": size, "</tool_call>": size + 1}
+
+    fmt = CALL_FORMATS["tagged"]
+    grammar = fmt.grammar([_tool()], False, tags)
+    matcher = llguidance.LLMatcher(load_tokenizer(path, size + 2, [2]), grammar)
+    mask = allocate_token_bitmask(1, size + 2)
+    ids = hf.encode(fmt.write([{"name": "get_weather", "arguments": {"city": "Rome"}}]),
+                    add_special_tokens=False).ids  # fmt: skip
+    assert ids[0] == size and ids[-1] == size + 1
+    for token in ids:
+        fill_next_token_bitmask(matcher, mask, 0)
+        assert (int(mask[0, token >> 5]) >> (token & 31)) & 1, token  # allowed
+        assert matcher.consume_token(token), matcher.get_error()
+    assert matcher.is_accepting()
 
 
 def _tool():
