@@ -3,6 +3,7 @@ and do streamed replies reassemble to the plain ones?
 
     python benchmarks/server_tools.py MODEL_DIR [--seeds 20] [--temperature 1.0] [--top-k 50]
         [--max-tokens 128] [--templates model,tagged] [--loop-choice required]
+        [--final-choice auto]
 
 For each chat template (``model``: the folder's own; ``tagged``: the tests' template that takes
 tools with ``<tool_call>`` tags, put on a copy of the folder) and each choice (``required``, a
@@ -98,7 +99,7 @@ def row(client, name: str, choice, args) -> str:
             f"{tokens:g}")  # fmt: skip
 
 
-def agent_loop(client, name: str, first_choice: str) -> str:
+def agent_loop(client, name: str, first_choice: str, final_choice: str) -> str:
     request = dict(model=name, messages=QUESTION, tools=TOOLS[:1], tool_choice=first_choice,
                    temperature=0, max_tokens=64)  # fmt: skip
     reply = client.chat.completions.create(**request)
@@ -109,10 +110,15 @@ def agent_loop(client, name: str, first_choice: str) -> str:
                {"role": "tool", "tool_call_id": call.id,
                 "content": '{"temperature": 21, "unit": "celsius", "sky": "sunny"}'}]  # fmt: skip
     final = client.chat.completions.create(
-        model=name, messages=history, tools=TOOLS[:1], temperature=0, max_tokens=40
+        model=name,
+        messages=history,
+        tools=TOOLS[:1],
+        tool_choice=final_choice,
+        temperature=0,
+        max_tokens=40,
     )
     answer = final.choices[0].message
-    return (f"  agent loop ({first_choice}, then auto): {call.function.name}"
+    return (f"  agent loop ({first_choice}, then {final_choice}): {call.function.name}"
             f"({call.function.arguments}) -> "
             f"{answer.content!r} (calls again: {bool(answer.tool_calls)})")  # fmt: skip
 
@@ -126,6 +132,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--templates", default="model,tagged")
     ap.add_argument("--loop-choice", default="required", help="turn 1 of the agent loop")
+    ap.add_argument("--final-choice", default="auto", help="turn 2 (after the tool's result)")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp())
     try:
@@ -139,7 +146,7 @@ def main() -> None:
                 print(f"{template} template (temperature {args.temperature:g}, top_k "
                       f"{args.top_k}, max_tokens {args.max_tokens}):")  # fmt: skip
                 name = handle.state.served_name
-                print(agent_loop(client, name, args.loop_choice), flush=True)
+                print(agent_loop(client, name, args.loop_choice, args.final_choice), flush=True)
                 for choice in ("required", NAMED) if args.seeds else ():
                     print(row(client, name, choice, args), flush=True)
             finally:
