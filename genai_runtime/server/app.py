@@ -37,7 +37,18 @@ from ..decoding.picker import TokenPicker
 from ..errors import GenaiRuntimeError
 from .access_log import AccessLog, note_ignored, note_usage
 from .engine import Job, ServerEngine
-from .protocol import RESPONSE_FORMATS, APIError, ParsedRequest, bad, parse_chat, parse_completion
+from .protocol import (
+    RESPONSE_FORMATS,
+    APIError,
+    ParsedRequest,
+    bad,
+    parse_chat,
+    parse_completion,
+    request_grammar,
+)
+from .tool_calls import CALL_FORMATS, CallSplitter, ToolCall, tag_tokens
+from .tool_prompt import ToolTemplate, check_reaches, probe, template_input, uses_tools
+from .tools import ToolRequest, ToolRequestError
 from .transcriptions import DEFAULT_MAX_AUDIO_BYTES, transcription_route
 
 log = logging.getLogger("genai_runtime.server")
@@ -62,6 +73,7 @@ class ServerState:
     special_tokens_in_messages: bool = False
     engine: ServerEngine | None = None
     load_error: str | None = None
+    tool_template: ToolTemplate | None = None  # how the chat template takes tools, once asked
     created: int = 0
     # Chat templates, tokenizing and grammar compiles run here, off the event loop.
     workers: ThreadPoolExecutor = field(
@@ -127,7 +139,7 @@ def create_app(state: ServerState) -> Starlette:
         eng, adapter = _checked(state, parsed, engine())
         note_ignored(request.scope, parsed.unknown)
         literal = not state.special_tokens_in_messages
-        ids, picker = await _off_loop(state, _chat_prompt, eng, parsed, literal)
+        ids, picker = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
         return await _respond(request, state, eng, parsed, ids, picker, chat=True, adapter=adapter)
 
     async def completions(request: Request) -> Response:
@@ -234,14 +246,28 @@ async def _off_loop(state: ServerState, fn: Callable, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(state.workers, fn, *args)
 
 
-def _chat_prompt(eng: ServerEngine, parsed: ParsedRequest, literal: bool) -> tuple[np.ndarray, Any]:
+def _chat_prompt(
+    state: ServerState, eng: ServerEngine, parsed: ParsedRequest, literal: bool
+) -> tuple[np.ndarray, Any]:
     """(prompt ids, token picker) of a chat request; runs on a worker thread (a
-    response_format grammar compiles here)."""
+    response_format or tool grammar compiles here)."""
+    messages, tools, template, given = parsed.messages, None, None, None
+    if parsed.tools is not None or uses_tools(messages):
+        if state.tool_template is None:
+            state.tool_template = probe(eng.tokenizer.apply_chat_template)
+        template = state.tool_template
+        given = template_input(messages, parsed.tools, template)
+        messages, tools = given.messages, given.tools
     try:
-        ids = eng.tokenizer.encode_chat(parsed.messages, literal_content=literal)
+        if given is not None and given.instructions is not None:
+            check_reaches(eng.tokenizer.apply_chat_template(messages), given)
+        ids = eng.tokenizer.encode_chat(messages, tools=tools, literal_content=literal)
+    except ToolRequestError as exc:
+        raise bad(str(exc), exc.param) from None
     except GenaiRuntimeError as exc:  # e.g. the sandbox refused what a template tried
-        raise bad(f"the chat template could not be applied: {exc}", "messages") from exc
-    return ids.astype(np.int64), _picker(eng, parsed)
+        param = "tools" if tools else "messages"
+        raise bad(f"the chat template could not be applied: {exc}", param) from exc
+    return ids.astype(np.int64), _picker(eng, parsed, template)
 
 
 def _completion_prompt(eng: ServerEngine, parsed: ParsedRequest) -> np.ndarray:
@@ -294,11 +320,40 @@ async def _read_body(request: Request, limit: int) -> bytearray:
     return body
 
 
-def _picker(eng: ServerEngine, parsed: ParsedRequest):
-    """The request's token picker: its sampling and its response_format grammar, if any."""
-    fmt = parsed.sampling.response_format
-    grammar = None if fmt is None else RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
+def _picker(eng: ServerEngine, parsed: ParsedRequest, template: ToolTemplate | None = None):
+    """The request's token picker: its sampling and its grammar, if any: a call to the tools
+    when tool_choice requires one (the reply is then a call, so response_format has no text to
+    shape), else the response_format's."""
+    tools = parsed.tools
+    if tools is not None and tools.constrained and template is not None:
+        grammar = _tool_grammar(eng, tools, CALL_FORMATS[template.format])
+    else:
+        fmt = parsed.sampling.response_format
+        grammar = None if fmt is None else RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
     return eng.picker(parsed.sampling, grammar)
+
+
+def _tool_grammar(eng: ServerEngine, tools: ToolRequest, fmt: Any) -> Any:
+    tags = tag_tokens(eng.tokenizer.encode)
+    try:
+        return request_grammar(
+            eng.model, "lark_grammar", fmt.grammar(tools.callable, tools.several, tags), "tools"
+        )
+    except APIError:  # name the tool whose parameters llguidance refused
+        for i, tool in enumerate(tools.tools):
+            if tool in tools.callable:
+                where = f"tools[{i}].function.parameters"
+                grammar = fmt.grammar([tool], False, tags)
+                request_grammar(eng.model, "lark_grammar", grammar, where)
+        raise
+
+
+def _splitter(parsed: ParsedRequest) -> CallSplitter | None:
+    """What finds the calls in a reply to ``parsed`` (None: calls are not allowed)."""
+    tools = parsed.tools
+    if tools is None or not tools.calls_allowed:
+        return None
+    return CallSplitter([t.name for t in tools.callable], tools.several)
 
 
 async def _respond(
@@ -337,7 +392,7 @@ async def _respond(
     eng.submit(job)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     log.debug("%s: %d prompt tokens, max_tokens %d", rid, len(ids), max_tokens)
-    shape = _Shape(rid, parsed.model, int(time.time()), chat, eng)
+    shape = _Shape(rid, parsed.model, int(time.time()), chat, eng, _splitter(parsed))
     if parsed.stream:
         return StreamingResponse(
             _sse(request, eng, job, shape, parsed.include_usage),
@@ -384,7 +439,8 @@ async def _sse(
         while True:
             event = await job.events.get()
             if event[0] == "delta":
-                yield _frame(shape.chunk(text=event[1], entries=event[2], usage=include_usage))
+                for chunk in shape.deltas(event[1], event[2], include_usage):
+                    yield _frame(chunk)
             elif event[0] == "error":
                 yield _frame(event[1].body())
                 break
@@ -392,7 +448,8 @@ async def _sse(
                 return
             else:
                 note_usage(request.scope, event[2])
-                yield _frame(shape.chunk(finish=event[1], usage=include_usage))
+                for chunk in shape.closing(event[1], include_usage):
+                    yield _frame(chunk)
                 if include_usage:
                     yield _frame(shape.usage_chunk(event[2]))
                 break
@@ -408,13 +465,16 @@ def _frame(obj: dict[str, Any]) -> str:
 
 @dataclass
 class _Shape:
-    """Builds the OpenAI response objects for one request."""
+    """Builds the OpenAI response objects for one request; a ``splitter`` takes the tool calls
+    out of a chat reply's text."""
 
     rid: str
     model: str
     created: int
     chat: bool
     engine: ServerEngine
+    splitter: CallSplitter | None = None
+    calls: int = 0  # tool calls streamed so far
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
@@ -427,14 +487,16 @@ class _Shape:
         finish: str | None = None,
         role: bool = False,
         usage: bool = False,
+        delta: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         logprobs = self._logprobs(entries) if entries else None
         if self.chat:
-            delta: dict[str, Any] = {}
-            if role:
-                delta = {"role": "assistant", "content": ""}
-            elif finish is None:
-                delta = {"content": text}
+            if delta is None:
+                delta = {}
+                if role:
+                    delta = {"role": "assistant", "content": ""}
+                elif finish is None:
+                    delta = {"content": text}
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             out = self._head("chat.completion.chunk")
         else:
@@ -445,6 +507,37 @@ class _Shape:
             out["usage"] = None
         return out
 
+    def deltas(self, text: str, entries: list, usage: bool) -> list[dict[str, Any]]:
+        """The chunks for newly generated ``text``."""
+        if self.splitter is None:
+            return [self.chunk(text=text, entries=entries, usage=usage)]
+        return self._pieces(self.splitter.feed(text), entries, usage)
+
+    def closing(self, finish: str, usage: bool) -> list[dict[str, Any]]:
+        """The chunks that end the choice: held-back text or calls, then the finish reason."""
+        chunks = [] if self.splitter is None else self._pieces(self.splitter.finish(), [], usage)
+        finish = "tool_calls" if self.calls and finish == "stop" else finish
+        return [*chunks, self.chunk(finish=finish, usage=usage)]
+
+    def _pieces(self, pieces: list, entries: list, usage: bool) -> list[dict[str, Any]]:
+        chunks = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                chunks.append(self.chunk(text=piece, entries=entries, usage=usage))
+                entries = []
+                continue
+            # As OpenAI streams a call: its id and name first, then the arguments.
+            head = {"index": self.calls, "id": piece.id, "type": "function",
+                    "function": {"name": piece.name, "arguments": ""}}  # fmt: skip
+            rest = {"index": self.calls, "function": {"arguments": piece.arguments}}
+            chunks.append(self.chunk(delta={"tool_calls": [head]}, entries=entries, usage=usage))
+            chunks.append(self.chunk(delta={"tool_calls": [rest]}, usage=usage))
+            entries = []
+            self.calls += 1
+        if entries:  # logprobs of tokens whose text is held back
+            chunks.append(self.chunk(text="", entries=entries, usage=usage))
+        return chunks
+
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         out = self._head("chat.completion.chunk" if self.chat else "text_completion")
         out["choices"] = []
@@ -454,7 +547,17 @@ class _Shape:
     def final(self, text: str, entries: list, finish: str, usage: dict) -> dict[str, Any]:
         logprobs = self._logprobs(entries) if entries else None
         if self.chat:
-            message = {"role": "assistant", "content": text}
+            calls: list[ToolCall] = []
+            if self.splitter is not None:
+                pieces = self.splitter.feed(text) + self.splitter.finish()
+                text = "".join(p for p in pieces if isinstance(p, str))
+                calls = [p for p in pieces if isinstance(p, ToolCall)]
+            message: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if calls:  # a reply cut by max_tokens keeps "length"
+                message["tool_calls"] = [c.as_openai() for c in calls]
+                finish = "tool_calls" if finish == "stop" else finish
+            elif not text:
+                message["content"] = ""
             choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
             out = self._head("chat.completion")
         else:

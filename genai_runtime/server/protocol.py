@@ -17,6 +17,13 @@ import numpy as np
 
 from ..config.bounded import LimitError, check_depth
 from ..errors import GenaiRuntimeError
+from .tools import (
+    ToolRequest,
+    ToolRequestError,
+    answered_call_name,
+    parse_message_calls,
+    parse_tools,
+)
 
 CHAT_FIELDS = frozenset(
     [
@@ -38,6 +45,9 @@ CHAT_FIELDS = frozenset(
         "frequency_penalty",
         "presence_penalty",
         "user",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
     ]
 )
 COMPLETION_FIELDS = frozenset(
@@ -129,7 +139,6 @@ RESPONSE_FORMATS: dict[str, Callable[[Any, Mapping[str, Any]], Any] | None] = {
 
 def _json_grammar(model: Any, fmt: Mapping[str, Any]) -> Any:
     """A batch-1 ``Grammar`` constraining the reply to the format's JSON schema."""
-    from ..decoding.guidance import Grammar  # llguidance loads only when a request asks for it
     from ..decoding.processors import LOWEST
 
     if fmt["type"] == "json_object":
@@ -147,18 +156,7 @@ def _json_grammar(model: Any, fmt: Mapping[str, Any]) -> Any:
     except LimitError as exc:
         raise bad(f"response_format.json_schema.schema is {exc}", "response_format") from None
     spec = model.spec
-    if spec.model_dir is None or model.vocab_size is None:
-        raise bad("this model has no tokenizer.json for constrained decoding", "response_format")
-    try:
-        grammar = Grammar(
-            "json_schema", schema, tokenizer_json=spec.model_dir / "tokenizer.json",
-            vocab_size=model.vocab_size, eos_token_ids=spec.tokens.eos, batch_size=1,
-            where="response_format",
-        )  # fmt: skip
-    except GenaiRuntimeError as exc:
-        raise bad(str(exc)[:500], "response_format") from None
-    except RecursionError:  # a schema checker walking references without end
-        raise bad("response_format: the schema nests too deeply", "response_format") from None
+    grammar = request_grammar(model, "json_schema", schema, "response_format")
     # A schema no JSON value satisfies ({"$ref": "#"} only refers to itself) lets the grammar
     # end at once: refuse it rather than answer an empty reply.
     allowed = grammar(np.zeros((1, 0), np.int64), np.zeros((1, model.vocab_size), np.float32))
@@ -171,6 +169,25 @@ def _json_grammar(model: Any, fmt: Mapping[str, Any]) -> Any:
             "response_format",
         )
     return grammar
+
+
+def request_grammar(model: Any, kind: str, data: Any, param: str) -> Any:
+    """A batch-1 ``Grammar`` for one request; what llguidance refuses is a 400 naming
+    ``param``."""
+    from ..decoding.guidance import Grammar  # llguidance loads only when a request asks for it
+
+    spec = model.spec
+    if spec.model_dir is None or model.vocab_size is None:
+        raise bad("this model has no tokenizer.json for constrained decoding", param)
+    try:
+        return Grammar(
+            kind, data, tokenizer_json=spec.model_dir / "tokenizer.json",
+            vocab_size=model.vocab_size, eos_token_ids=spec.tokens.eos, batch_size=1, where=param,
+        )  # fmt: skip
+    except GenaiRuntimeError as exc:
+        raise bad(str(exc)[:500], param) from None
+    except RecursionError:  # a schema checker walking references without end
+        raise bad(f"{param}: the schema nests too deeply", param) from None
 
 
 @dataclass(frozen=True)
@@ -198,7 +215,8 @@ class ParsedRequest:
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
-    messages: list[dict[str, str]] | None = None  # chat
+    messages: list[dict[str, Any]] | None = None  # chat
+    tools: ToolRequest | None = None  # chat: tools, tool_choice, parallel_tool_calls
     prompt: str | list[int] | None = None  # completions
     unknown: tuple[str, ...] = field(default=())
 
@@ -373,19 +391,38 @@ def parse_chat(body: Any) -> ParsedRequest:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad("messages must be a non-empty list", "messages")
-    messages = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict):
-            raise bad("each message must be an object", f"messages[{i}]")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad(
-                f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}",
-                f"messages[{i}].role",
-            )
-        messages.append({"role": role, "content": _content(m.get("content"), i)})
+    messages: list[dict[str, Any]] = []
+    try:
+        tools = parse_tools(body)
+        for i, m in enumerate(raw):
+            messages.append(_message(m, i, messages))
+    except ToolRequestError as exc:
+        raise bad(str(exc), exc.param) from None
     unknown = tuple(sorted(k for k in body if k not in CHAT_FIELDS))
-    return ParsedRequest(model, sampling, stream, usage, messages=messages, unknown=unknown)
+    return ParsedRequest(
+        model, sampling, stream, usage, messages=messages, tools=tools, unknown=unknown
+    )
+
+
+def _message(m: Any, i: int, earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """One message in the chat-template convention (tool calls with parsed arguments)."""
+    if not isinstance(m, dict):
+        raise bad("each message must be an object", f"messages[{i}]")
+    role = m.get("role")
+    if role not in ROLES:
+        raise bad(
+            f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}",
+            f"messages[{i}].role",
+        )
+    message: dict[str, Any] = {"role": role, "content": _content(m.get("content"), i)}
+    if m.get("tool_calls") is not None:
+        if role != "assistant":
+            raise bad("only assistant messages carry tool_calls", f"messages[{i}].tool_calls")
+        message["tool_calls"] = parse_message_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+    if role == "tool":
+        message["tool_call_id"] = m.get("tool_call_id")
+        message["name"] = answered_call_name(earlier, i, m.get("tool_call_id"))
+    return message
 
 
 def parse_completion(body: Any) -> ParsedRequest:

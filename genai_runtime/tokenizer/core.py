@@ -24,7 +24,7 @@ from ..config.bounded import LimitError, clip_text
 from ..errors import GenaiRuntimeError, TokenizerError
 from ..folder_paths import folder_file
 from .files import added_tokens, parse_bool_option, read_json, token_text, tokenizer_meta
-from .templates import ChatTemplates, json_arg, locate_contents
+from .templates import ChatTemplates, json_arg, locate_strings, tool_definitions
 from .utf8 import SPM_SPACE, UTF8_LEN, byte_level_bytes, finish_text, is_one_valid_char
 
 __all__ = ["Tokenizer", "TokenizerStream"]
@@ -110,6 +110,7 @@ class Tokenizer:
                 )
             self._hf = HfTokenizer.from_file(str(tok_path))
             self._plain_hf: Any = None  # a twin reading special-token text as plain text
+            self._special_texts: tuple[str, ...] | None = None  # their spellings, once asked
             decoder = self._hf.get_added_tokens_decoder()
             # `tokenizers` ids of the special added tokens (the control tokens)
             self._hf_specials = frozenset(i for i, t in decoder.items() if t.special)
@@ -386,40 +387,47 @@ class Tokenizer:
         messages: str | Sequence[Mapping[str, Any]],
         *,
         template_str: str | None = None,
+        tools: str | Sequence[Any] | None = None,
         add_generation_prompt: bool = True,
         literal_content: bool = True,
     ) -> np.ndarray:
         """Ids of the chat prompt: ``apply_chat_template`` encoded whole (a NUL is data).
 
         With ``literal_content`` (the default) special-token text typed in a message's string
-        ``content`` (``<|im_end|>``) is encoded as plain text, so a message cannot forge a turn;
-        the template's own special tokens stay control tokens. A template that reshapes message
-        text so that it cannot be found again in the prompt gets a ``TokenizerError`` if a
-        content holds special-token text.
+        ``content`` (``<|im_end|>``), or anywhere in its tool calls or in ``tools``, is encoded
+        as plain text, so request data cannot forge a turn; the template's own special tokens
+        stay control tokens. A template that reshapes such text so that it cannot be found
+        again in the prompt gets a ``TokenizerError`` naming where the text was.
         """
         parsed = json_arg(messages, "messages")
+        tool_list = tool_definitions(tools)
 
-        def render(msgs: Any) -> str:
+        def render(msgs: Any, tool_defs: Any) -> str:
             return self.apply_chat_template(
-                msgs, template_str=template_str, add_generation_prompt=add_generation_prompt
-            )
+                msgs, template_str=template_str, tools=tool_defs,
+                add_generation_prompt=add_generation_prompt,
+            )  # fmt: skip
 
         if not literal_content:
-            return self.encode_with_literals(render(parsed))
-        text, spans = locate_contents(render, parsed)
-        if spans is None:  # cannot tell where message text went: refuse only what is dangerous
-            specials = self._hf_specials
-            for i, m in enumerate(parsed):
-                content = m.get("content")
-                if isinstance(content, str) and specials.intersection(
-                    self._hf_encoding(content).ids
-                ):
-                    raise TokenizerError(
-                        f"messages[{i}].content holds special-token text, and the chat template "
-                        "reshapes message text, so it cannot be kept as plain text"
-                    )
+            return self.encode_with_literals(render(parsed, tool_list))
+        text, spans, risky = locate_strings(render, parsed, tool_list, self._holds_special)
+        if spans is None:  # cannot tell where request text went: refuse only what is dangerous
+            if risky:
+                raise TokenizerError(
+                    f"{risky[0]} holds special-token text, and the chat template reshapes "
+                    "request text, so it cannot be kept as plain text"
+                )
             spans = []
         return self.encode_with_literals(text, spans)
+
+    def _holds_special(self, text: str) -> bool:
+        """Whether encoding ``text`` gives a control token (the special added tokens)."""
+        if self._special_texts is None:
+            texts = (self._hf.id_to_token(i) for i in self._hf_specials)
+            self._special_texts = tuple(t for t in texts if t)
+        if not any(t in text for t in self._special_texts):
+            return False  # the common case, without running the tokenizer
+        return bool(self._hf_specials.intersection(self._hf_encoding(text).ids))
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text`` (int32, 1-D). Special-token text such as "<|im_start|>" becomes

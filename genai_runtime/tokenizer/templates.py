@@ -87,50 +87,123 @@ def json_arg(value: Any, what: str) -> Any:
         raise TokenizerError(f"{what} is not valid JSON: {clip_text(str(exc))}") from exc
 
 
-def locate_contents(
-    render: Callable[[list[Any]], str], messages: Any
-) -> tuple[str, list[tuple[int, int]] | None]:
-    """``render(messages)`` and where each message's string content landed in it: sorted
-    ``[start, end)`` character spans, or None when that cannot be told for sure.
+def tool_definitions(tools: Any) -> list[Any] | None:
+    """``tools`` as the template receives it, as transformers passes it: None, or a list of
+    tool objects (JSON schemas of functions), given as such or as a JSON string."""
+    if tools is None or (isinstance(tools, str) and not tools):
+        return None
+    parsed = json_arg(tools, "tools")
+    if not isinstance(parsed, list) or not all(isinstance(t, Mapping) for t in parsed):
+        raise TokenizerError(
+            'tools must be a JSON array of tool objects, e.g. [{"type": "function", '
+            '"function": {"name": "f", "parameters": {...}}}]'
+        )
+    return parsed
 
-    Found by rendering once more with a unique marker in place of each content: if putting the
-    contents (or, for templates that ``trim``, the stripped contents) back in place of the
-    markers gives the real rendering, the spans are exact. A template that reshapes or tests
-    message text gives another text, hence None.
+
+def locate_strings(
+    render: Callable[[Any, Any], str],
+    messages: Any,
+    tools: Any,
+    risky: Callable[[str], bool],
+) -> tuple[str, list[tuple[int, int]] | None, list[str]]:
+    """``render(messages, tools)``; where request strings landed in it (sorted ``[start, end)``
+    character spans, or None when that cannot be told for sure); and the paths of the strings
+    ``risky`` flags (``messages[2].tool_calls[0].function.arguments.city``).
+
+    Placed are every message's string ``content`` and, anywhere else in the messages or tools
+    (keys too, roles excepted), every string ``risky`` flags. Found by rendering once more with
+    a unique marker in place of each: if putting the strings back in place of the markers, as
+    written, stripped (templates that ``trim``) or JSON-escaped (``tojson``), gives the real
+    rendering, the spans are exact. A template that reshapes or tests the text gives another
+    text, hence None.
     """
-    text = render(messages)
+    text = render(messages, tools)
     if not isinstance(messages, list):
-        return text, None
-    tag = f"\ue000{uuid.uuid4().hex}:"
-    contents: dict[str, str] = {}
-    marked = []
-    for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, Mapping) else None
-        if isinstance(content, str) and content:
-            marker = f"{tag}{i}\ue001"
-            contents[marker] = content
-            m = {**m, "content": marker}
-        marked.append(m)
-    if not contents:
-        return text, []
+        return text, None, []
+    marks = _Marks(risky)
+    marked_messages = [marks.message(m, f"messages[{i}]") for i, m in enumerate(messages)]
+    marked_tools = marks.walk(tools, "tools")
+    if not marks.values:
+        return text, [], marks.risky
     try:
-        skeleton = render(marked)
+        skeleton = render(marked_messages, marked_tools)
     except TokenizerError:
-        return text, None
-    parts = re.split(f"({re.escape(tag)}\\d+\ue001)", skeleton)
-    for strip in (False, True):
-        spans, pieces, at = [], [], 0
-        for k, part in enumerate(parts):
-            if k % 2:  # a marker
-                if part not in contents:
-                    return text, None
-                part = contents[part].strip() if strip else contents[part]
-                spans.append((at, at + len(part)))
-            pieces.append(part)
+        return text, None, marks.risky
+    return text, _place(text, skeleton, marks), marks.risky
+
+
+class _Marks:
+    """Strings swapped for unique markers (``values``: marker -> string)."""
+
+    def __init__(self, risky: Callable[[str], bool]):
+        self.tag = f"\ue000{uuid.uuid4().hex}:"
+        self.values: dict[str, str] = {}
+        self.risky: list[str] = []
+        self._is_risky = risky
+
+    def mark(self, value: str, path: str, always: bool = False) -> str:
+        danger = self._is_risky(value)
+        if danger:
+            self.risky.append(path)
+        if not value or not (always or danger):
+            return value
+        marker = f"{self.tag}{len(self.values)}\ue001"
+        self.values[marker] = value
+        return marker
+
+    def message(self, m: Any, path: str) -> Any:
+        if not isinstance(m, Mapping):
+            return m
+        out = {}
+        for key, value in m.items():
+            if key == "content" and isinstance(value, str):
+                out[key] = self.mark(value, f"{path}.content", always=True)
+            else:
+                out[key] = value if key == "role" else self.walk(value, f"{path}.{key}")
+        return out
+
+    def walk(self, value: Any, path: str) -> Any:
+        if isinstance(value, str):
+            return self.mark(value, path)
+        if isinstance(value, Mapping):
+            return {
+                (self.mark(k, path) if isinstance(k, str) else k): self.walk(v, f"{path}.{k}")
+                for k, v in value.items()
+            }
+        if isinstance(value, list):
+            return [self.walk(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return value
+
+
+def _forms(value: str) -> list[str]:
+    """How a template may print a string: as is, JSON-escaped (``tojson``), stripped."""
+    forms = [value, json.dumps(value, ensure_ascii=False)[1:-1], value.strip()]
+    return list(dict.fromkeys(forms))
+
+
+def _place(text: str, skeleton: str, marks: _Marks) -> list[tuple[int, int]] | None:
+    parts = re.split(f"({re.escape(marks.tag)}\\d+\ue001)", skeleton)
+    spans, at = [], 0
+    for k, part in enumerate(parts):
+        if k % 2 == 0:  # the template's own text
+            if not text.startswith(part, at):
+                return None
             at += len(part)
-        if "".join(pieces) == text:
-            return text, [s for s in spans if s[0] < s[1]]
-    return text, None
+            continue
+        value = marks.values.get(part)
+        if value is None:
+            return None
+        after = parts[k + 1]
+        for form in _forms(value):
+            if text.startswith(form, at) and text.startswith(after, at + len(form)):
+                break
+        else:
+            return None
+        if form:
+            spans.append((at, at + len(form)))
+        at += len(form)
+    return sorted(spans) if at == len(text) else None
 
 
 class ChatTemplates:
@@ -172,8 +245,7 @@ class ChatTemplates:
         if template_str is not None and not isinstance(template_str, str):
             kind = type(template_str).__name__
             raise TokenizerError(f"apply_chat_template(template_str): expected a str, got {kind}")
-        no_tools = tools is None or (isinstance(tools, str) and not tools)
-        tool_list = None if no_tools else json_arg(tools, "tools")
+        tool_list = tool_definitions(tools)
         source = template_str or self.pick(tool_list is not None)
         template = compile_template(source)
         context: dict[str, Any] = dict(special_text)
