@@ -224,11 +224,11 @@ def reference(args) -> int:
     ours_model = og.Model(str(folder))
     prompts = [chat_ids(ours_model, p) for p in PROMPTS]
     del ours_model
-    equal, worst = 0, 0.0
-    for n, ids in enumerate(prompts):
-        runs = {}
-        for side, api, path in (("ref", rg, args.reference), ("ours", og, str(folder))):
-            model = api.Model(path)
+    runs: dict[str, list] = {}
+    for side, api, path in (("ref", rg, args.reference), ("ours", og, str(folder))):
+        model = api.Model(path)  # one model at a time: an fp32 0.5B is 2.5 GB
+        runs[side] = []
+        for ids in prompts:
             params = api.GeneratorParams(model)
             params.set_search_options(max_length=len(ids) + args.new_tokens, do_sample=False)
             gen = api.Generator(model, params)
@@ -238,10 +238,13 @@ def reference(args) -> int:
                 logits.append(np.asarray(gen.get_logits()).reshape(-1).copy())
                 gen.generate_next_token()
                 toks.append(int(gen.get_next_tokens()[0]))
-            runs[side] = (toks, logits)
-            del gen, model
-        (rt, rl), (ot, _ol) = runs["ref"], runs["ours"]
-        diff = float(np.abs(rl[0] - runs["ours"][1][0]).max())
+            runs[side].append((toks, logits))
+            del gen
+        del model
+    equal, worst = 0, 0.0
+    for n, ids in enumerate(prompts):
+        (rt, rl), (ot, ol) = runs["ref"][n], runs["ours"][n]
+        diff = float(np.abs(rl[0] - ol[0]).max())
         worst = max(worst, diff)
         equal += rt == ot
         line = f"  prompt {n}: {len(ids)} prompt ids, {len(rt)} tokens, "
