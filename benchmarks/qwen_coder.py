@@ -3,7 +3,8 @@ speed against llama.cpp on the same GGUF.
 
     python benchmarks/qwen_coder.py quality [--model qwen2.5-coder-0.5b] [--new-tokens 256]
     python benchmarks/qwen_coder.py ngram   [--model ...] [--rounds 3] [--new-tokens 128]
-    python benchmarks/qwen_coder.py llama-cpp --llama-python SIDE/bin/python [--threads 1 2]
+    python benchmarks/qwen_coder.py speed [--llama-python SIDE/bin/python] [--threads 1 2]
+    python benchmarks/qwen_coder.py reference --reference REF_FOLDER [--new-tokens 64]
 
 The model comes from the pull cache (``genai-runtime pull qwen2.5-coder-0.5b``); the other
 folders are imported beside it on first use (``<cache>/.bench/NAME-QUANT``).
@@ -14,9 +15,16 @@ top-1 token equals fp32's (top-1 agreement), and the greedy tokens before its fi
 ``ngram``: plain greedy vs n-gram prompt lookup (``speculative.ngram_size`` 3) on the
 input-grounded prompts of ``speculative.py``, the two alternating in every round; decode tok/s
 ratios per run (median, range) and whether the tokens equal plain greedy's.
-``llama-cpp``: our default import and llama-cpp-python (in its own environment, built here) on
-the same GGUF, same prompt ids, greedy, the same thread count; prefill and decode tok/s, the two
-sides alternating every round; ratios per round (median, range).
+``reference``: the reference builder's export of the same weights (REF_FOLDER, see
+``qwen_coder_build_notes.md``), run by onnxruntime-genai, against our import at the same
+precision (``--setting``, fp32 by default), run by genai_runtime: greedy tokens on the five chat
+prompts, the first-step logits' largest difference, and any departure with the reference's logit
+margin between its token and ours.
+``speed``: our default import run by genai_runtime, the same folder run by onnxruntime-genai, and
+llama-cpp-python (in its own environment, built here) on the same GGUF: same prompt ids, greedy,
+the same thread count; each side a fresh process per round (a warm-up, then one timed
+generation), the order rotating every round; prefill and decode tok/s, ratios per round (median,
+range).
 """
 
 from __future__ import annotations
@@ -54,6 +62,33 @@ SETTINGS = {  # name -> import settings
     "int4": {},  # the default: int4 (the GGUF's own 4-bit blocks, exact 8-bit for wider ones)
     "int8": {"quant": "int8"},
 }
+GENAI_WORKER = r"""
+import importlib, json, sys, time
+api = importlib.import_module(sys.argv[1])
+folder, ids = sys.argv[2], json.loads(sys.argv[3])
+new, threads, rounds = (int(a) for a in sys.argv[4:7])
+config = api.Config(folder)
+config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+    "intra_op_num_threads": threads}}}}))
+model = api.Model(config)
+out = []
+for _ in range(rounds + 1):  # the first is a warm-up
+    params = api.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + new, min_length=len(ids) + new,
+                              do_sample=False)
+    gen = api.Generator(model, params)
+    t0 = time.perf_counter()
+    gen.append_tokens(ids)
+    t1 = time.perf_counter()
+    while not gen.is_done():
+        gen.generate_next_token()
+    t2 = time.perf_counter()
+    n = len(gen.get_sequence(0)) - len(ids)
+    # the first token comes from the prefill's logits: n - 1 decode steps
+    out.append({"prefill": len(ids) / (t1 - t0), "decode": (n - 1) / (t2 - t1)})
+    del gen
+print(json.dumps(out[1:]))
+"""
 LLAMA_WORKER = r"""
 import json, sys, time
 from llama_cpp import Llama
@@ -180,73 +215,123 @@ def ngram(args) -> int:
     return 0
 
 
-def ours_timing(folder: Path, ids: list[int], new: int, threads: int) -> dict:
-    config = og.Config(str(folder))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-        "intra_op_num_threads": threads}}}}))  # fmt: skip
-    model = og.Model(config)
-    out = []
-    for _ in range(2):  # a warm-up, then the timed run
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(ids) + new, min_length=len(ids) + new)
-        gen = og.Generator(model, params)
-        t0 = time.perf_counter()
-        gen.append_tokens(ids)
-        t1 = time.perf_counter()
-        while not gen.is_done():
-            gen.generate_next_token()
-        t2 = time.perf_counter()
-        n = len(gen.get_sequence(0)) - len(ids)
-        out.append({"prefill": len(ids) / (t1 - t0), "decode": (n - 1) / (t2 - t1)})
-    return out[-1]
+def reference(args) -> int:
+    import onnxruntime_genai as rg
+
+    if not args.reference or not (Path(args.reference) / "genai_config.json").is_file():
+        sys.exit("reference: --reference must be the builder's export (a folder with genai_config)")
+    folder = folder_for(args.model, args.setting)
+    ours_model = og.Model(str(folder))
+    prompts = [chat_ids(ours_model, p) for p in PROMPTS]
+    del ours_model
+    runs: dict[str, list] = {}
+    for side, api, path in (("ref", rg, args.reference), ("ours", og, str(folder))):
+        model = api.Model(path)  # one model at a time: an fp32 0.5B is 2.5 GB
+        runs[side] = []
+        for ids in prompts:
+            params = api.GeneratorParams(model)
+            params.set_search_options(max_length=len(ids) + args.new_tokens, do_sample=False)
+            gen = api.Generator(model, params)
+            gen.append_tokens(ids)
+            toks, logits = [], []
+            while not gen.is_done():
+                logits.append(np.asarray(gen.get_logits()).reshape(-1).copy())
+                gen.generate_next_token()
+                toks.append(int(gen.get_next_tokens()[0]))
+            runs[side].append((toks, logits))
+            del gen
+        del model
+    equal, worst = 0, 0.0
+    for n, ids in enumerate(prompts):
+        (rt, rl), (ot, ol) = runs["ref"][n], runs["ours"][n]
+        diff = float(np.abs(rl[0] - ol[0]).max())
+        worst = max(worst, diff)
+        equal += rt == ot
+        line = f"  prompt {n}: {len(ids)} prompt ids, {len(rt)} tokens, "
+        line += f"first-step logits max |diff| {diff:.2e}, "
+        step = next((i for i, (a, b) in enumerate(zip(rt, ot)) if a != b), None)
+        if step is None and len(rt) == len(ot):
+            line += "identical"
+        elif step is None:
+            line += f"lengths differ ({len(rt)} vs {len(ot)})"
+        else:
+            margin = float(rl[step][rt[step]] - rl[step][ot[step]])
+            line += f"departs at step {step} (reference's margin {margin:.4f})"
+        print(line)
+    print(
+        f"{args.model} {args.setting} vs the builder's export: {equal}/{len(prompts)} prompts "
+        f"identical over {args.new_tokens} greedy tokens, first-step logits within {worst:.2e}"
+    )
+    return 0
 
 
-def llama_cpp(args) -> int:
-    if not args.llama_python:
-        print("llama-cpp: skipped: no --llama-python (an environment with llama-cpp-python)")
-        return 0
+def run_side(side: str, args, folder: Path, gguf: Path, ids: list[int], threads: int) -> dict:
+    """One timed generation (after a warm-up) in a fresh process of its own."""
+    if side == "llama.cpp":
+        cmd = [args.llama_python, "-c", LLAMA_WORKER, str(gguf), json.dumps(ids)]
+    else:
+        module = "genai_runtime" if side == "ours" else "onnxruntime_genai"
+        cmd = [sys.executable, "-c", GENAI_WORKER, module, str(folder), json.dumps(ids)]
+    cmd += [str(args.new_tokens), str(threads), "1"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        sys.exit(f"{side} failed: {proc.stderr.strip()[-600:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])[0]
+
+
+def speed(args) -> int:
     gguf = cache_root() / ".gguf" / SOURCES[args.model].filename
     folder = folder_for(args.model, "int4")
     ids = chat_ids(og.Model(str(folder)), PROMPTS[0] + " " + PROMPTS[1])
+    refs = ["onnxruntime-genai"]
+    if args.llama_python:
+        refs.append("llama.cpp")
+    else:
+        print("llama.cpp: skipped: no --llama-python (an environment with llama-cpp-python)")
+    order = ["ours", *refs]
+    print(
+        f"{args.model}: our default import ({folder.name}), run by genai_runtime and by "
+        f"onnxruntime-genai; llama.cpp on {gguf.name}; {len(ids)} prompt tokens, "
+        f"{args.new_tokens} new, greedy; each side a fresh process per round, order rotating"
+    )
     for threads in args.threads:
-        ratios = {"prefill": [], "decode": []}
-        sides = {"ours": [], "llama.cpp": []}
+        runs: dict[str, list[dict]] = {side: [] for side in order}
         for r in range(args.rounds):
-            for side in ("ours", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "ours"):
-                if side == "ours":
-                    sides[side].append(ours_timing(folder, ids, args.new_tokens, threads))
-                else:
-                    cmd = [args.llama_python, "-c", LLAMA_WORKER, str(gguf), json.dumps(ids)]
-                    cmd += [str(args.new_tokens), str(threads), "1"]
-                    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-                    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-                    sides[side].append(json.loads(proc.stdout)[0])
-            for key in ratios:
-                ratios[key].append(sides["ours"][-1][key] / sides["llama.cpp"][-1][key])
-        for key in ("prefill", "decode"):
-            ours = statistics.median(s[key] for s in sides["ours"])
-            ref = statistics.median(s[key] for s in sides["llama.cpp"])
-            rs = ratios[key]
-            print(f"{args.model} {threads} thread(s) {key:7s}: ours {ours:7.1f} tok/s, llama.cpp "
-                  f"{ref:7.1f} tok/s; ours/llama.cpp median {statistics.median(rs):.2f} "
-                  f"(min {min(rs):.2f}, max {max(rs):.2f}) over {len(rs)} rounds "
-                  f"({len(ids)} prompt tokens, {args.new_tokens} new)")  # fmt: skip
+            for side in order[r % len(order) :] + order[: r % len(order)]:
+                runs[side].append(run_side(side, args, folder, gguf, ids, threads))
+        for ref in refs:
+            for key in ("prefill", "decode"):
+                ratios = [o[key] / t[key] for o, t in zip(runs["ours"], runs[ref])]
+                ours = statistics.median(s[key] for s in runs["ours"])
+                theirs = statistics.median(s[key] for s in runs[ref])
+                print(
+                    f"{threads} thread(s) {key:7s}: ours {ours:7.1f} tok/s, {ref} {theirs:7.1f} "
+                    f"tok/s; ours/{ref} median {statistics.median(ratios):.2f} (min "
+                    f"{min(ratios):.2f}, max {max(ratios):.2f}) over {len(ratios)} rounds"
+                )
+        for side in order:
+            spread = [f"{s['decode']:.1f}" for s in runs[side]]
+            print(f"{threads} thread(s) {side} decode tok/s per round: {', '.join(spread)}")
     return 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", choices=("quality", "ngram", "llama-cpp"))
+    ap.add_argument("what", choices=("quality", "ngram", "speed", "reference"))
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", choices=sorted(SOURCES))
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-k", type=int, default=8, help="n-gram: max draft tokens per round")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--reference", help="reference: the builder's export of the same weights")
+    ap.add_argument("--setting", default="fp32", choices=sorted(SETTINGS))
     ap.add_argument("--llama-python", default=os.environ.get("GENAI_RUNTIME_LLAMA_PYTHON"))
     args = ap.parse_args()
     if args.new_tokens is None:
-        args.new_tokens = {"quality": 256, "ngram": 128, "llama-cpp": 64}[args.what]
-    return {"quality": quality, "ngram": ngram, "llama-cpp": llama_cpp}[args.what](args)
+        args.new_tokens = {"quality": 256, "ngram": 128, "speed": 64, "reference": 64}[args.what]
+    run = {"quality": quality, "ngram": ngram, "speed": speed, "reference": reference}
+    return run[args.what](args)
 
 
 if __name__ == "__main__":
