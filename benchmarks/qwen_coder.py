@@ -181,7 +181,7 @@ def quality(args) -> int:
 def ngram(args) -> int:
     from speculative import GROUNDED
 
-    folder = folder_for(args.model, "int4")
+    folder = folder_for(args.model, args.setting or "int4")
     plain = og.Model(str(folder))
     config = og.Config(str(folder))
     config.overlay(json.dumps({"speculative": {"ngram_size": 3, "max_draft_tokens": args.k}}))
@@ -220,6 +220,7 @@ def reference(args) -> int:
 
     if not args.reference or not (Path(args.reference) / "genai_config.json").is_file():
         sys.exit("reference: --reference must be the builder's export (a folder with genai_config)")
+    args.setting = args.setting or "fp32"
     folder = folder_for(args.model, args.setting)
     ours_model = og.Model(str(folder))
     prompts = [chat_ids(ours_model, p) for p in PROMPTS]
@@ -325,7 +326,9 @@ def main() -> int:
     ap.add_argument("-k", type=int, default=8, help="n-gram: max draft tokens per round")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reference", help="reference: the builder's export of the same weights")
-    ap.add_argument("--setting", default="fp32", choices=sorted(SETTINGS))
+    ap.add_argument("--setting", choices=sorted(SETTINGS),
+                    help="reference: our import compared (default fp32); ngram: the folder "
+                         "(default int4, as pulled)")  # fmt: skip
     ap.add_argument("--llama-python", default=os.environ.get("GENAI_RUNTIME_LLAMA_PYTHON"))
     args = ap.parse_args()
     if args.new_tokens is None:
