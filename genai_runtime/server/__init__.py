@@ -153,6 +153,9 @@ class ServerHandle:
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
+        # Listen now, so the URL printed before uvicorn starts already takes connections (the
+        # kernel queues them); uvicorn listens on the same socket again.
+        self.sock.listen(2048)
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.sock.getsockname()[1]}"
         self.loaded = threading.Event()
