@@ -54,18 +54,7 @@ def start_engine(
 ):
     """Load a model (and its LoRA ``adapters``, name -> ``.onnx_adapter`` path) and start the
     server's engine thread over it."""
-    from ..adapters import Adapters
-    from ..server.engine import ServerEngine
-    from ..tokenizer import Tokenizer
+    from ..server import engine_over
 
     model = load_model(model_dir, threads=threads, device=device)
-    loaded = None
-    if adapters:
-        loaded = Adapters(model)
-        for name, path in adapters.items():
-            if not isinstance(name, str) or not name or ":" in name:
-                raise GenaiRuntimeError(f"adapter name {name!r}: expected a name without ':'")
-            loaded.load(path, name)
-    engine = ServerEngine(model, Tokenizer(model), adapters=loaded, **engine_options)
-    engine.start()
-    return engine
+    return engine_over(model, adapters, **engine_options)

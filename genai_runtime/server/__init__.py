@@ -35,23 +35,21 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_engine(
-    model_dir: str | Path,
-    device: str | None = None,
-    adapters: Mapping[str, str] | None = None,
-    **engine_options,
-):
-    """Load a model folder (and its LoRA ``adapters``, name -> ``.onnx_adapter`` path) and
+def check_adapter_names(adapters: Mapping[str, str] | None) -> None:
+    """A request names an adapter as ``<served name>:<adapter>``, so a name holds no ':'."""
+    for name in adapters or {}:
+        if not isinstance(name, str) or not name or ":" in name:
+            raise GenaiRuntimeError(f"adapter name {name!r}: expected a name without ':'")
+
+
+def engine_over(model, adapters: Mapping[str, str] | None = None, **engine_options):
+    """Load LoRA ``adapters`` (name -> ``.onnx_adapter`` path) onto a loaded ``model`` and
     start an engine over it."""
     from ..adapters import Adapters
-    from ..model import Config, Model
     from ..tokenizer import Tokenizer
     from .engine import ServerEngine
 
-    config = Config(str(model_dir))
-    if device:
-        config.use_device(device)
-    model = Model(config)
+    check_adapter_names(adapters)
     loaded = None
     if adapters:
         loaded = Adapters(model)
@@ -60,6 +58,21 @@ def build_engine(
     engine = ServerEngine(model, Tokenizer(model), adapters=loaded, **engine_options)
     engine.start()
     return engine
+
+
+def build_engine(
+    model_dir: str | Path,
+    device: str | None = None,
+    adapters: Mapping[str, str] | None = None,
+    **engine_options,
+):
+    """Load a model folder (and its LoRA ``adapters``) and start an engine over it."""
+    from ..model import Config, Model
+
+    config = Config(str(model_dir))
+    if device:
+        config.use_device(device)
+    return engine_over(Model(config), adapters, **engine_options)
 
 
 def serve(model_dir: str, *, log_level: str = "info", **options) -> None:
@@ -138,9 +151,7 @@ class ServerHandle:
         if not folder.is_dir():
             raise GenaiRuntimeError(f"model folder not found: {model_dir} (nor a pulled model)")
         model_dir = str(folder)
-        for name in adapters or {}:
-            if not isinstance(name, str) or not name or ":" in name:
-                raise GenaiRuntimeError(f"adapter name {name!r}: expected a name without ':'")
+        check_adapter_names(adapters)
         self.state = ServerState(
             served_name=served_name or folder.resolve().name,
             api_key=api_key or None,
