@@ -14,10 +14,11 @@ import math
 import numbers
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from ..batching.core import TokenHistory
 from ..batching.slots import BatchedSlots, InterleavedSlots
 from ..decoding.chain import make_picker
 from ..decoding.picker import TokenPicker
@@ -99,8 +100,8 @@ class _Row:
     settings: RowSettings
     rng: np.random.Generator | None
     picker: TokenPicker
-    prompt: np.ndarray
-    tokens: list[int] = field(default_factory=list)
+    history: TokenHistory  # the prompt, then every generated token
+    start: int  # where the generated tokens begin
     logits: np.ndarray | None = None
 
 
@@ -157,7 +158,8 @@ class BatchRunner:
                     s.generation(), eos_token_ids=sorted(self._eos), vocab_size=self.vocab_size
                 )
                 prompt = np.asarray(prompts[i], np.int64).reshape(-1)
-                row = _Row(i, s, None if s.greedy else make_rng(_seed(s.seed)), picker, prompt)
+                rng = None if s.greedy else make_rng(_seed(s.seed))
+                row = _Row(i, s, rng, picker, TokenHistory(prompt), prompt.size)
                 try:
                     row.logits = self.slots.prefill(slot, prompt, 0)
                 except Exception as exc:
@@ -167,7 +169,7 @@ class BatchRunner:
                 active[slot] = row
             stepping = [slot for slot, row in active.items() if row.logits is None]
             if stepping:
-                last = np.array([active[slot].tokens[-1] for slot in stepping], np.int64)
+                last = np.array([active[slot].history[-1] for slot in stepping], np.int64)
                 try:
                     logits = self.slots.decode(stepping, last)
                 except Exception as exc:  # the rows in this pass are lost, the rest go on
@@ -207,20 +209,19 @@ class BatchRunner:
     def _step(self, row: _Row) -> RowResult | None:
         """Choose the row's next token; a result once the row has ended."""
         logits, row.logits = row.logits, None
-        history = _NO_HISTORY
-        if row.picker.ops:  # only processors read the sequence so far
-            history = np.concatenate([row.prompt, np.asarray(row.tokens, np.int64)])[None, :]
+        history = row.history.view() if row.picker.ops else _NO_HISTORY  # processors read it
         token = int(row.picker.pick(history, logits[None, :], row.rng)[0])
-        row.tokens.append(token)
+        row.history.append(token)
         if token in self._eos:
             return self._result(row, "stop")
-        if len(row.tokens) >= row.settings.max_tokens:
+        if len(row.history) - row.start >= row.settings.max_tokens:
             return self._result(row, "length")
         return None
 
     def _result(self, row: _Row, reason: str) -> RowResult:
-        text = self.tokenizer.decode(np.asarray(row.tokens, np.int64))
-        return RowResult(text=text, token_ids=tuple(row.tokens), finish_reason=reason)
+        tokens = row.history.array()[row.start :]
+        text = self.tokenizer.decode(tokens)
+        return RowResult(text=text, token_ids=tuple(tokens.tolist()), finish_reason=reason)
 
 
 def _seed(seed: int | None) -> int:
