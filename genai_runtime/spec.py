@@ -221,6 +221,13 @@ class GenerationSpec:
     logits: tuple[ProcessorSpec, ...] = ()
     stop: tuple[str, ...] = ()
 
+    @classmethod
+    def from_openai(cls, temperature: float, top_p: float, top_k: int) -> GenerationSpec:
+        """Search options for OpenAI-style settings (the server's requests, the batch runner's
+        rows): temperature 0 or top_k 1 is greedy, top_k 0 keeps the whole vocabulary."""
+        greedy = temperature == 0.0 or top_k == 1
+        return cls(do_sample=not greedy, top_k=top_k, top_p=top_p, temperature=temperature)
+
     @property
     def is_greedy(self) -> bool:
         """onnxruntime-genai's rule: greedy unless sampling is on with a real choice to make."""

@@ -62,13 +62,6 @@ class RowSettings:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    def generation(self) -> GenerationSpec:
-        """These settings as the search options a token picker runs (as the server's)."""
-        return GenerationSpec(
-            do_sample=not self.greedy, top_k=self.top_k, top_p=self.top_p,
-            temperature=self.temperature,
-        )  # fmt: skip
-
 
 def _require_int(name: str, value: object, low: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -155,7 +148,9 @@ class BatchRunner:
                 i = waiting.popleft()
                 s = settings[i]
                 picker = make_picker(
-                    s.generation(), eos_token_ids=sorted(self._eos), vocab_size=self.vocab_size
+                    GenerationSpec.from_openai(s.temperature, s.top_p, s.top_k),
+                    eos_token_ids=sorted(self._eos),
+                    vocab_size=self.vocab_size,
                 )
                 prompt = np.asarray(prompts[i], np.int64).reshape(-1)
                 rng = None if s.greedy else make_rng(_seed(s.seed))

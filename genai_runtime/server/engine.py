@@ -161,11 +161,8 @@ class ServerEngine:
     def picker(self, sampling: Sampling, grammar: Processor | None = None) -> TokenPicker:
         """The token picker for one request: its sampling settings and optional grammar (a
         ``response_format``), through the same chain a Generator uses."""
-        generation = GenerationSpec(
-            do_sample=not sampling.greedy,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            temperature=sampling.temperature,
+        generation = GenerationSpec.from_openai(
+            sampling.temperature, sampling.top_p, sampling.top_k
         )
         return self.core.picker(generation, grammar=grammar)
 
