@@ -33,6 +33,7 @@ from .graph import (
     ExternalData,
     GraphBuilder,
     decoder_io,
+    last_position_switch,
     save_model,
 )
 from .linear import Linear, embedding, gather, head_rms_norm, lm_head, rms_norm
@@ -114,6 +115,7 @@ def build_gemma3_decoder(
         )
     x = norm(x, "output_norm.weight", "final_norm.weight")
 
+    x = last_position_switch(g, inputs, x)
     logits = lm_head(g, ckpt, x, table, linear)
     if h.final_softcap:
         cap = g.const("final_softcap", np.array(h.final_softcap, np.float32))

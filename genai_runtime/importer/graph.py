@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ..session.graph_io import LAST_POSITION_SWITCH
+
 IR_VERSION = 10  # onnxruntime 1.31 refuses the IR 14 that onnx 1.23 stamps by default
 OPSET = 21
 STATIC_OPSET, STATIC_IR_VERSION = 24, 11  # TensorScatter and Attention's nonpad_kv_seqlen
@@ -126,3 +128,37 @@ def decoder_io(vocab: int) -> tuple[list, list]:
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ids)],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, logits)],
     )
+
+
+def last_position_switch(g: GraphBuilder, inputs: list, hidden: str) -> str:
+    """``hidden`` [B, S, H] as it enters the lm_head, or, when the graph's
+    ``LAST_POSITION_SWITCH`` input is fed true, each row's last real position [B, 1, H].
+
+    Batches are right-padded, so a row's last real token in the current chunk (the mask's last
+    S columns) is at its mask count - 1; a row with none picks -1, the chunk's last column. With
+    the switch false (its default) the rows pass through in order and the logits are [B, S, V].
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    inputs.append(helper.make_tensor_value_info(LAST_POSITION_SWITCH, TensorProto.BOOL, []))
+    g.initializers.append(numpy_helper.from_array(np.array(False), LAST_POSITION_SWITCH))
+    p = "/last_position"
+    zero = g.const(p + "/zero", np.array([0], np.int64))
+    one = g.const(p + "/one", np.array([1], np.int64))
+    two = g.const(p + "/two", np.array([2], np.int64))
+    three = g.const(p + "/three", np.array([3], np.int64))
+    end = g.const(p + "/end", np.array([2**62], np.int64))
+    shape = g.op("Shape", [hidden])
+    s = g.op("Slice", [shape, one, two])
+    h = g.op("Slice", [shape, two, three])
+    chunk_mask = g.op("Slice", ["attention_mask", g.op("Neg", [s]), end, one])
+    count = g.op("ReduceSum", [g.op("Cast", [chunk_mask], to=TensorProto.INT64), one], keepdims=1)
+    first = g.op("Where", [LAST_POSITION_SWITCH, g.op("Sub", [count, one]), zero])  # [B, 1]
+    rows = g.op("Where", [LAST_POSITION_SWITCH, one, s])  # [1]: 1, or S
+    steps = g.op("Range", [g.const(p + "/zero0", np.array(0, np.int64)),
+                           g.op("Squeeze", [rows, zero]),
+                           g.const(p + "/one0", np.array(1, np.int64))])  # fmt: skip
+    index = g.op("Add", [first, g.op("Unsqueeze", [steps, zero])])  # [B, R]
+    index = g.op("Unsqueeze", [index, two])  # [B, R, 1]
+    index = g.op("Expand", [index, g.op("Concat", [one, one, h], axis=0)])  # [B, R, H]
+    return g.op("GatherElements", [hidden, index], axis=1)

@@ -211,7 +211,7 @@ def float_head(g: GraphBuilder, h: Any, x: str, weight: str, transposed: bool = 
     lead = g.op(
         "Slice",
         [
-            g.op("Shape", ["input_ids"]),
+            g.op("Shape", [x]),  # [B, S], or [B, 1] past the last-position switch
             g.const("s0", np.array([0], np.int64)),
             g.const("s2", np.array([2], np.int64)),
         ],

@@ -31,6 +31,7 @@ from .graph import (
     ExternalData,
     GraphBuilder,
     decoder_io,
+    last_position_switch,
     save_model,
 )
 from .linear import Linear, embedding, gather, head_rms_norm, lm_head, rms_norm
@@ -108,6 +109,8 @@ def build_decoder(
         x = g.op("Add", [x, linear(act, [p + "ffn_down.weight"], o + "mlp.down_proj")])
     x = rms_norm(g, ckpt, x, "output_norm.weight", "final_norm.weight")
 
+    if not static_scatter:  # fixed-shape passes read every position's logits
+        x = last_position_switch(g, inputs, x)
     logits = lm_head(g, ckpt, x, table, linear)
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="/lm_head/output"))
     if static_scatter:

@@ -24,12 +24,17 @@ from ..errors import GenerationError, ModelError, UnsupportedError
 from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
 from ..session.device import HOST, Device
+from ..session.graph_io import LAST_POSITION_SWITCH
 from ..session.positions import PositionState
 from ..spec import TokensSpec
 from .fixed_pass import FixedShapePass
 from .logits import LogitsBuffer
 from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan
 from .stage import BoundStage, stage_output
+
+# The two values a graph's last-position switch is fed; never written, so a binding of either
+# stays right on a device (onnxruntime copies a host input when it is bound).
+_SWITCH = {False: np.array(False), True: np.array(True)}
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class Executor:
         self._init_done = not self._init_stages
         self._final_done = False
         self._last_tokens = np.zeros((batch_size, 1), np.int64)
+        self._last_position_pass = False  # the last pass computed its last rows' logits only
         self._ids: dict[tuple, np.ndarray] = {}
         self._scalars: dict[str, np.ndarray] = {}
         self.logits = LogitsBuffer(batch_size, plan.vocab_size)
@@ -147,11 +153,15 @@ class Executor:
             and tree_obstacle(self.plan, hasattr(self.cache, "compact")) is None
         )
 
-    def forward(self, tokens: np.ndarray, tree: TreePass | None = None) -> np.ndarray:
+    def forward(
+        self, tokens: np.ndarray, tree: TreePass | None = None, *, every_row: bool = False
+    ) -> np.ndarray:
         """Run one pass over ``tokens`` [B, n]; return logits [B, V] at each row's last token.
 
         ``tree`` lays the tokens out as a token tree (see ``takes_tree``); ``keep`` then keeps
         one path. The returned array may be a view into a buffer the next pass overwrites.
+        ``every_row``: ``pass_logits`` will be read, so a graph with the last-position switch
+        computes every position's logits (else it is asked for the last ones only).
         """
         if tree is not None:
             if not self.takes_tree:
@@ -161,7 +171,7 @@ class Executor:
                 )
             self._tree = tree
             try:
-                return self.forward(tokens)
+                return self.forward(tokens, every_row=True)
             finally:
                 self._tree = None
         n = tokens.shape[1]
@@ -182,6 +192,7 @@ class Executor:
             self.positions.branch(self._tree.offsets)
         self._final_done = False
         self._last_tokens = tokens
+        self._last_position_pass = False
         step_length = self._step_positions.length
         seq_start = start
         try:
@@ -210,8 +221,10 @@ class Executor:
                     step.run_on_prompt if prompt_pass else step.run_on_token_gen
                 ):
                     continue
-                self._feed(stage, tokens, start, n)
+                last_only = n > 1 and not every_row and stage.last_position_switch
+                self._feed(stage, tokens, start, n, last_only)
                 stage.bound.run()
+                self._last_position_pass |= last_only
                 self._last_run[stage.plan.name] = stage
                 if stage.plan.logits is not None:
                     self._logits_stage = stage
@@ -370,8 +383,12 @@ class Executor:
 
     # -- feeding ---------------------------------------------------------------------------
 
-    def _feed(self, stage: BoundStage, tokens: np.ndarray, start: int, n: int) -> None:
+    def _feed(
+        self, stage: BoundStage, tokens: np.ndarray, start: int, n: int, last_only: bool = False
+    ) -> None:
         bound = stage.bound
+        if stage.last_position_switch:
+            bound.feed(LAST_POSITION_SWITCH, _SWITCH[last_only])
         for feed in stage.role_feeds:
             role = feed.role
             if role == "input_ids":
@@ -424,7 +441,7 @@ class Executor:
         if stage.has_cross and self.cross is not None:
             self.cross.bind(bound)
         if stage.plan.logits is not None:
-            self.logits.bind(stage, n)
+            self.logits.bind(stage, 1 if last_only else n)
         stage.bind_alloc_outputs()
 
     def _bind(self, stage: BoundStage, name: str, array: np.ndarray) -> None:
@@ -507,7 +524,16 @@ class Executor:
             raise ModelError(
                 f"{stage.plan.io.file}: logits {stage.plan.logits} hold the last position only"
             )
+        self._every_row_again()
         return self.logits.whole(stage)
+
+    def _every_row_again(self) -> None:
+        """The last pass computed each row's last logits only: run it again for every row (a
+        caller that wants them passes ``every_row`` and never pays this)."""
+        if self._last_position_pass:
+            tokens = self._last_tokens
+            self.rewind_to(self.length - tokens.shape[1])
+            self.forward(tokens, every_row=True)
 
     def output(self, name: str) -> np.ndarray:
         """An output of the last pass, by tensor name (for ``Generator.get_output``)."""
@@ -515,8 +541,10 @@ class Executor:
             if name not in stage.plan.io.outputs:
                 continue
             logits = stage.plan.logits
-            if logits is not None and name == logits.name and self.logits.last is not None:
-                return self.logits.last.copy()
+            if logits is not None and name == logits.name:
+                self._every_row_again()  # the reference's get_output holds every position
+                if self.logits.last is not None:
+                    return self.logits.last.copy()
             return stage_output(stage, name).numpy().copy()
         raise GenerationError(f"no stage has run with an output named {name!r}")
 

@@ -21,6 +21,12 @@ _ORT_TYPES: dict[str, type] = {
 
 Dim = int | str | None
 
+# A bool input with a default of false (an overridable initializer) that a decoder graph may
+# take: true makes a multi-token pass compute logits at each row's last real token only, so a
+# prompt pass skips the lm_head everywhere else. Graphs from our importer have it; a runtime
+# that does not know it feeds nothing and gets every position's logits.
+LAST_POSITION_SWITCH = "genai_runtime.last_position_only"
+
 
 @dataclass(frozen=True)
 class TensorInfo:

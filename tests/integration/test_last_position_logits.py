@@ -1,0 +1,85 @@
+"""The last-position switch in imported graphs: a prompt pass asks the graph for each row's last
+logits only (the lm_head skips every other position), and nothing a caller reads changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import genai_runtime as og
+from genai_runtime.importer import import_gguf
+from genai_runtime.session.graph_io import LAST_POSITION_SWITCH
+
+gguf_models = pytest.importorskip("gguf_models", reason="needs the gguf extra")
+
+PROMPTS = [[5, 80, 259, 260, 261, 44, 1, 70, 90], [7, 31, 200, 12]]
+
+
+@pytest.fixture(scope="module", params=[("fp32", 0), ("int4", 4)], ids=["fp32", "int4-level4"])
+def folder(request, tmp_path_factory) -> tuple[Path, Path]:
+    quant, level = request.param
+    base = tmp_path_factory.mktemp("last-position")
+    gguf = gguf_models.write_tiny_gguf(base / "tiny.gguf", qtype=gguf_models.Q.Q8_0)
+    out = import_gguf(gguf, base / "model", quant=quant, accuracy_level=level).out_dir
+    return gguf, out, quant
+
+
+def session_logits(out: Path, switch: bool | None) -> np.ndarray:
+    """One onnxruntime call over both prompts, right-padded, with an empty KV cache."""
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    width = max(map(len, PROMPTS))
+    ids = np.zeros((2, width), np.int64)
+    mask = np.zeros((2, width), np.int64)
+    for row, prompt in enumerate(PROMPTS):
+        ids[row, : len(prompt)] = prompt
+        mask[row, : len(prompt)] = 1
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    for inp in sess.get_inputs():
+        if inp.name.startswith("past_key_values"):
+            feeds[inp.name] = np.zeros((2, inp.shape[1], 0, inp.shape[3]), np.float32)
+    if switch is not None:
+        feeds[LAST_POSITION_SWITCH] = np.array(switch)
+    return sess.run(["logits"], feeds)[0]
+
+
+def test_the_switch_is_an_input_with_a_default_so_other_runtimes_need_not_feed_it(folder):
+    _, out, _ = folder
+    sess = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert LAST_POSITION_SWITCH not in {i.name for i in sess.get_inputs()}
+    assert LAST_POSITION_SWITCH in {i.name for i in sess.get_overridable_initializers()}
+    unfed, off = session_logits(out, None), session_logits(out, False)
+    assert unfed.shape == (2, len(PROMPTS[0]), off.shape[2])
+    np.testing.assert_array_equal(unfed, off)
+
+
+def test_switched_on_the_graph_returns_each_rows_last_real_position(folder):
+    gguf, out, quant = folder
+    every, last = session_logits(out, False), session_logits(out, True)
+    assert last.shape == (2, 1, every.shape[2])
+    for row, prompt in enumerate(PROMPTS):
+        # Each row's logits depend on its own hidden state only: exactly the full pass's row.
+        np.testing.assert_array_equal(last[row, 0], every[row, len(prompt) - 1])
+        if quant == "fp32":  # and the math is the model's: a NumPy forward pass of the GGUF
+            reference = gguf_models.numpy_logits(gguf, prompt)[-1]
+            np.testing.assert_allclose(last[row, 0], reference, atol=1e-3)
+
+
+def test_generation_reads_the_same_logits_and_get_output_still_holds_every_position(folder):
+    _, out, _ = folder
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(PROMPTS[0])
+    every = session_logits(out, False)[0, : len(PROMPTS[0])]
+    np.testing.assert_allclose(gen.get_logits().reshape(-1), every[-1], atol=1e-5)
+    # The prompt pass was cut to its last position; get_output reruns it for every one.
+    full = gen.get_output("logits")
+    assert full.shape == (1, len(PROMPTS[0]), every.shape[1])
+    np.testing.assert_allclose(full[0], every, atol=1e-5)
+    gen.generate_next_token()  # the rerun left the generator where it was
+    assert int(gen.get_next_tokens()[0]) == int(every[-1].argmax())
+    assert len(gen.get_sequence(0)) == len(PROMPTS[0]) + 1
