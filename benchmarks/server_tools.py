@@ -3,7 +3,7 @@ and do streamed replies reassemble to the plain ones?
 
     python benchmarks/server_tools.py MODEL_DIR [--seeds 20] [--temperature 1.0] [--top-k 50]
         [--max-tokens 128] [--templates model,tagged] [--loop-choice required]
-        [--final-choice auto]
+        [--final-choice auto] [--system TEXT]
 
 For each chat template (``model``: the folder's own; ``tagged``: the tests' template that takes
 tools with ``<tool_call>`` tags, put on a copy of the folder) and each choice (``required``, a
@@ -99,14 +99,15 @@ def row(client, name: str, choice, args) -> str:
             f"{tokens:g}")  # fmt: skip
 
 
-def agent_loop(client, name: str, first_choice: str, final_choice: str) -> str:
-    request = dict(model=name, messages=QUESTION, tools=TOOLS[:1], tool_choice=first_choice,
+def agent_loop(client, name: str, first_choice: str, final_choice: str, system: str) -> str:
+    question = [{"role": "system", "content": system}, *QUESTION] if system else QUESTION
+    request = dict(model=name, messages=question, tools=TOOLS[:1], tool_choice=first_choice,
                    temperature=0, max_tokens=64)  # fmt: skip
     reply = client.chat.completions.create(**request)
     if not reply.choices[0].message.tool_calls:
         return f"  agent loop: no call under {first_choice}: {reply.choices[0].message.content!r}"
     call = reply.choices[0].message.tool_calls[0]
-    history = [*QUESTION, reply.choices[0].message.model_dump(exclude_none=True),
+    history = [*question, reply.choices[0].message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id,
                 "content": '{"temperature": 21, "unit": "celsius", "sky": "sunny"}'}]  # fmt: skip
     final = client.chat.completions.create(
@@ -133,6 +134,7 @@ def main() -> None:
     ap.add_argument("--templates", default="model,tagged")
     ap.add_argument("--loop-choice", default="required", help="turn 1 of the agent loop")
     ap.add_argument("--final-choice", default="auto", help="turn 2 (after the tool's result)")
+    ap.add_argument("--system", default="", help="a system message for the agent loop")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp())
     try:
@@ -146,7 +148,8 @@ def main() -> None:
                 print(f"{template} template (temperature {args.temperature:g}, top_k "
                       f"{args.top_k}, max_tokens {args.max_tokens}):")  # fmt: skip
                 name = handle.state.served_name
-                print(agent_loop(client, name, args.loop_choice, args.final_choice), flush=True)
+                loop = agent_loop(client, name, args.loop_choice, args.final_choice, args.system)
+                print(loop, flush=True)
                 for choice in ("required", NAMED) if args.seeds else ():
                     print(row(client, name, choice, args), flush=True)
             finally:

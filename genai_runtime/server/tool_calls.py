@@ -10,8 +10,9 @@ Formats (``CALL_FORMATS``), chosen by what the chat template renders (``tool_pro
   system message): a JSON object ``{"name": ..., "arguments": {...}}``, or a JSON array of them.
 
 The parser (``CallSplitter``) reads every format, whatever the template: blocks in tags
-anywhere in the reply, or a reply that is JSON from its first character. Names it does not know
-and text that does not parse stay content. It takes the reply piece by piece, so a streamed
+anywhere in the reply, or a reply that is JSON from its first character, also inside a Markdown
+fence (```` ```json ````: Qwen2.5-Coder-1.5B writes its calls so under ``auto``). Names it does
+not know and text that does not parse stay content. It takes the reply piece by piece, so a streamed
 reply splits into exactly the content and calls of the whole one.
 """
 
@@ -28,6 +29,7 @@ from .tools import Tool
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+FENCE = "```"
 WHITESPACE = " \t\r\n"
 
 
@@ -169,6 +171,22 @@ def _parse(text: str, names: frozenset[str]) -> list[ToolCall] | None:
     return _as_calls(value, names)
 
 
+def _fenced_json(text: str) -> bool | None:
+    """Whether ``text`` (a reply from its first non-blank character) opens a Markdown fence of
+    JSON: a ```` ``` ```` or ```` ```json ```` line, then ``{`` or ``[``; None while too short
+    to tell."""
+    if not text.startswith(FENCE):
+        return None if FENCE.startswith(text) else False
+    line_end = text.find("\n")
+    language = text[len(FENCE) : len(text) if line_end < 0 else line_end].strip().lower()
+    if language not in ("", "json"):
+        return None if line_end < 0 and "json".startswith(language) else False
+    if line_end < 0:
+        return None
+    body = text[line_end + 1 :].lstrip(WHITESPACE)
+    return (body[0] in "{[") if body else None
+
+
 def _partial_suffix(text: str, word: str) -> int:
     """Length of the longest end of ``text`` that is a proper start of ``word``."""
     for n in range(min(len(text), len(word) - 1), 0, -1):
@@ -224,7 +242,13 @@ class CallSplitter:
                     self._content(out, self._buffer)
                     self._buffer = ""
                 return
-            self._mode = "json" if stripped[0] in "{[" else "text"
+            if stripped[0] == "`":
+                opens = _fenced_json(stripped)
+                if opens is None and not final:
+                    return  # not yet decided
+                self._mode = "json" if opens else "text"
+            else:
+                self._mode = "json" if stripped[0] in "{[" else "text"
         if self._mode == "json":
             if final:
                 self._json(out)
@@ -238,6 +262,9 @@ class CallSplitter:
         whitespace, ``;`` or ``,``), then perhaps words; or, if the JSON is no call, content."""
         text, self._buffer = self._buffer, ""
         rest, found = text.lstrip(WHITESPACE), []
+        fenced = rest.startswith(FENCE)
+        if fenced:  # past the opening line (```json): _fenced_json saw JSON after it
+            rest = rest[rest.index("\n") + 1 :].lstrip(WHITESPACE)
         while rest[:1] in ("{", "["):
             try:
                 value, end = json.JSONDecoder().raw_decode(rest)
@@ -250,6 +277,8 @@ class CallSplitter:
             rest = rest[end:].lstrip(WHITESPACE + ";,")
         if not found:
             return self._content(out, text)
+        if fenced and rest.startswith(FENCE):
+            rest = rest[len(FENCE) :]
         for call in found:
             self._emit(out, call)
         self._mode = "text"

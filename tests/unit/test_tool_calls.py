@@ -154,6 +154,12 @@ REPLIES = [
     '<tool_call>\n{"name": "add", "arguments": {"a": 1}}',  # ended before the closing tag
     "a tail that looks like <tool_ca",
     "a <tool_call>{broken</tool_call> b",
+    # Markdown fences: Qwen2.5-Coder-1.5B writes its calls in one under tool_choice auto.
+    '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```',
+    '  ```\n{"name": "add", "arguments": {"a": 3}}\n```\nDone.',
+    '```python\nprint({"name": "add"})\n```',
+    '```json\n{"a": 1}\n```',
+    "``",
 ]
 
 
@@ -169,6 +175,9 @@ def test_replies_split_into_content_and_calls():
     assert got[4] == [("get_weather", {"city": "Paris"})]
     assert got[5] == [("get_weather", {"city": "Oslo"}), ("add", {"a": 2}), "and words after"]
     assert got[7] == [("add", {"a": 1})] and got[8] == [REPLIES[8]]
+    assert got[10] == [("get_weather", {"city": "Paris"})]
+    assert got[11] == [("add", {"a": 3}), "Done."]
+    assert got[12:] == [[text] for text in REPLIES[12:]]  # code, JSON that is no call, a tick
     one = split_reply(REPLIES[2], NAMES, parallel=False)
     assert _shape(one) == ["I will check.", ("get_weather", {"city": "Paris"})]
     call = one[1]
