@@ -74,6 +74,8 @@ def test_generation_reads_the_same_logits_and_get_output_still_holds_every_posit
     params.set_search_options(max_length=32, do_sample=False)
     gen = og.Generator(model, params)
     gen.append_tokens(PROMPTS[0])
+    # The pass really was cut: its logits buffer holds one position (read-only peek).
+    assert gen._exec.logits.last.shape == (1, 1, model.vocab_size)
     every = session_logits(out, False)[0, : len(PROMPTS[0])]
     np.testing.assert_allclose(gen.get_logits().reshape(-1), every[-1], atol=1e-5)
     # The prompt pass was cut to its last position; get_output reruns it for every one.
@@ -83,3 +85,21 @@ def test_generation_reads_the_same_logits_and_get_output_still_holds_every_posit
     gen.generate_next_token()  # the rerun left the generator where it was
     assert int(gen.get_next_tokens()[0]) == int(every[-1].argmax())
     assert len(gen.get_sequence(0)) == len(PROMPTS[0]) + 1
+
+
+def test_a_right_padded_batch_reads_each_rows_last_real_token(folder):
+    _, out, _ = folder
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32, do_sample=False, batch_size=len(PROMPTS))
+    gen = og.Generator(model, params)
+    pad = model.spec.tokens.pad
+    assert pad is not None and all(pad not in p for p in PROMPTS)
+    batch = np.full((len(PROMPTS), max(map(len, PROMPTS))), pad, np.int32)
+    for row, prompt in enumerate(PROMPTS):
+        batch[row, : len(prompt)] = prompt
+    gen.append_tokens(batch)
+    assert gen._exec.logits.last.shape == (len(PROMPTS), 1, model.vocab_size)  # cut, as above
+    every = session_logits(out, False)
+    expected = np.stack([every[row, len(p) - 1] for row, p in enumerate(PROMPTS)])
+    np.testing.assert_allclose(gen.get_logits().reshape(len(PROMPTS), -1), expected, atol=1e-5)
