@@ -21,8 +21,10 @@ from ..runtime.executor import Executor
 from ..runtime.sessions import run_options
 from ..session.bound import BoundSession
 from ..session.device import Device
+from ..session.graph_io import LAST_POSITION_SWITCH
 
 GROWTH_TOKENS = 256
+_LAST_ONLY = np.array(True)  # bound once to the prefill binding, never written
 
 
 class InterleavedSlots:
@@ -148,6 +150,14 @@ class BatchedSlots:
         # Two bindings over the same session: a batch-1 prefill and the all-rows decode.
         self._prefill = BoundSession(stage.name, session, stage.io, options)
         self._decode = BoundSession(stage.name, session, stage.io, options)
+        # A prefill reads its last position's logits only: a graph with the last-position
+        # switch (session/graph_io.py) is asked for that row alone; the decode binding leaves
+        # it at its default.
+        self._last_only = self._logits_rank == 3 and any(
+            a.name == LAST_POSITION_SWITCH for a in session.get_overridable_initializers()
+        )
+        if self._last_only:
+            self._prefill.bind_array(LAST_POSITION_SWITCH, _LAST_ONLY)
         self._decode_rows = (0, 0)
         # onnxruntime's int4 MatMulNBits kernels take another path (other rounding) for a single
         # row; from two rows on, each row's result is the same at any batch. The server never
@@ -206,7 +216,8 @@ class BatchedSlots:
             row = array[slot : slot + 1]  # a contiguous [1, H, capacity, D] view of this row
             b.bind_array(past, row)
             b.bind_output_array(present, row)
-        shape = (1, n, self._vocab) if self._logits_rank == 3 else (1, self._vocab)
+        rows = 1 if self._last_only else n
+        shape = (1, rows, self._vocab) if self._logits_rank == 3 else (1, self._vocab)
         logits = np.empty(shape, self._logits_dtype)
         b.bind_output_array(self._logits_name, logits)
         b.run()
