@@ -74,6 +74,14 @@ def unsigned(name: str, value: Any, *, bits: int = 64) -> int:
     return int(value)
 
 
+def _int32(name: str, value: Any) -> int:
+    """``value`` as a signed 32-bit integer (the reference's ``int`` arguments), else
+    ``EngineTypeError``."""
+    if not is_integer(value) or not -(1 << 31) <= value < 1 << 31:
+        raise EngineTypeError(f"{name} expects a 32-bit integer, got {value!r}")
+    return int(value)
+
+
 def _real(name: str, value: Any) -> float:
     if not is_number(value):
         raise EngineTypeError(f"{name} expects a number, got {value!r}")
@@ -135,17 +143,13 @@ class TurnOptions:
         self.top_p = _real("set_top_p", value)
 
     def set_top_k(self, value: int) -> None:
-        if not is_integer(value) or not -(1 << 31) <= value < 1 << 31:
-            raise EngineTypeError(f"set_top_k expects a 32-bit integer, got {value!r}")
-        self.top_k = int(value)
+        self.top_k = _int32("set_top_k", value)
 
     def set_repetition_penalty(self, value: float) -> None:
         self.repetition_penalty = _real("set_repetition_penalty", value)
 
     def set_no_repeat_ngram_size(self, value: int) -> None:
-        if not is_integer(value) or not -(1 << 31) <= value < 1 << 31:
-            raise EngineTypeError(f"set_no_repeat_ngram_size expects an integer, got {value!r}")
-        self.no_repeat_ngram_size = int(value)
+        self.no_repeat_ngram_size = _int32("set_no_repeat_ngram_size", value)
 
     def set_min_generated_tokens(self, value: int) -> None:
         """Mask end-of-sequence until this turn has generated this many tokens (0: no floor)."""
