@@ -21,7 +21,7 @@ from ..runtime.executor import Executor
 from ..runtime.sessions import run_options
 from ..session.bound import BoundSession
 from ..session.device import Device
-from ..session.graph_io import LAST_POSITION_SWITCH
+from ..session.graph_io import LAST_POSITION_SWITCH, takes_last_position_switch
 
 GROWTH_TOKENS = 256
 _LAST_ONLY = np.array(True)  # bound once to the prefill binding, never written
@@ -153,9 +153,7 @@ class BatchedSlots:
         # A prefill reads its last position's logits only: a graph with the last-position
         # switch (session/graph_io.py) is asked for that row alone; the decode binding leaves
         # it at its default.
-        self._last_only = self._logits_rank == 3 and any(
-            a.name == LAST_POSITION_SWITCH for a in session.get_overridable_initializers()
-        )
+        self._last_only = takes_last_position_switch(session, stage.logits)
         if self._last_only:
             self._prefill.bind_array(LAST_POSITION_SWITCH, _LAST_ONLY)
         self._decode_rows = (0, 0)

@@ -7,7 +7,7 @@ import onnxruntime as ort
 
 from ..errors import ModelError
 from ..session.bound import BoundSession
-from ..session.graph_io import LAST_POSITION_SWITCH
+from ..session.graph_io import takes_last_position_switch
 from .plan import RECURRENT_ROLES, StagePlan, role_name
 from .sessions import run_options
 
@@ -30,11 +30,7 @@ class BoundStage:
         self.has_kv = bool(plan.feeds_from("kv"))
         self.has_cross = bool(plan.feeds_from("cross"))
         # A graph whose [B, S, V] logits can be cut to each row's last position (graph_io).
-        self.last_position_switch = (
-            plan.logits is not None
-            and plan.logits.rank == 3
-            and any(a.name == LAST_POSITION_SWITCH for a in session.get_overridable_initializers())
-        )
+        self.last_position_switch = takes_last_position_switch(session, plan.logits)
         # Outputs of a per_image stage: concatenated over images, read instead of the binding.
         self.joined: dict[str, ort.OrtValue] = {}
         self.recurrent = []  # (input, output feeding it next pass)

@@ -28,6 +28,15 @@ Dim = int | str | None
 LAST_POSITION_SWITCH = "genai_runtime.last_position_only"
 
 
+def takes_last_position_switch(session, logits: TensorInfo | None) -> bool:
+    """Whether ``session``'s graph has the switch and ``[B, S, V]`` logits it can cut."""
+    return (
+        logits is not None
+        and logits.rank == 3
+        and any(a.name == LAST_POSITION_SWITCH for a in session.get_overridable_initializers())
+    )
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
