@@ -23,9 +23,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from tiny_models import save_graph
 
-OPSET = 21
-IR_VERSION = 10
 VOCAB = 32
 DIM = 8
 RANK = 2
@@ -130,12 +129,7 @@ def lora_decoder(path: Path, base: Mapping[str, np.ndarray], defaults: bool = Tr
         const(np.array([2**62], np.int64), "big"),
     ]
     graph = helper.make_graph(nodes, "lora_decoder", inputs, outputs, initializer=init)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
+    return save_graph(graph, path)
 
 
 def write_adapter(path: Path, tensors: Mapping[str, np.ndarray]) -> Path:

@@ -40,7 +40,8 @@ DEFAULT_KV: KVPatterns = (
 )
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
+def save_graph(graph: onnx.GraphProto, path: Path) -> Path:
+    """``graph`` as a checked model file at opset ``OPSET``, IR ``IR_VERSION``."""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
@@ -92,7 +93,7 @@ def decoder(
         [logits, *kv_out],
         initializer=[_weight("table", vocab, vocab)],
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 def pruned_decoder(path: Path, table: np.ndarray) -> Path:
@@ -115,7 +116,7 @@ def pruned_decoder(path: Path, table: np.ndarray) -> Path:
     graph = helper.make_graph(
         nodes, "tiny_pruned_decoder", [ids, mask], [logits], initializer=initializers
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 def embeddings(
@@ -131,7 +132,7 @@ def embeddings(
     graph = helper.make_graph(
         nodes, "tiny_embeddings", [ids], [out], initializer=[_weight("table", vocab, HIDDEN)]
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 def transformer(
@@ -148,7 +149,7 @@ def transformer(
     kv_in, kv_out, kv_nodes = _kv_io(layers, DEFAULT_KV, HEADS, HEAD_SIZE)
     nodes = [helper.make_node("Identity", [input], [output]), *kv_nodes]
     graph = helper.make_graph(nodes, "tiny_transformer", [embeds, mask, *kv_in], [hidden, *kv_out])
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 def lm_head(path: Path, *, input: str = "hidden_states", vocab: int = VOCAB) -> Path:
@@ -159,7 +160,7 @@ def lm_head(path: Path, *, input: str = "hidden_states", vocab: int = VOCAB) -> 
     graph = helper.make_graph(
         nodes, "tiny_lm_head", [hidden], [logits], initializer=[_weight("weight", HIDDEN, vocab)]
     )
-    return _save(graph, path)
+    return save_graph(graph, path)
 
 
 def pipeline_folder(folder: Path, *, embeds_dtype: int = FLOAT) -> Path:

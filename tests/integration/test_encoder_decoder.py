@@ -20,7 +20,7 @@ from tests.tiny_models import (
     HEADS,
     INT64,
     _kv_io,
-    _save,
+    save_graph,
     write_config,
 )
 
@@ -64,7 +64,7 @@ def _t5_folder(root: Path) -> Path:
     enc = helper.make_graph(
         [helper.make_node("Tanh", ["features"], ["last_hidden_state"])], "enc", [feats], [last]
     )
-    _save(enc, root / "encoder.onnx")
+    save_graph(enc, root / "encoder.onnx")
     ids = helper.make_tensor_value_info("input_ids", INT64, ["batch", "seq"])
     states = helper.make_tensor_value_info(
         "encoder_hidden_states", FLOAT, ["batch", "frames", HIDDEN]
@@ -85,7 +85,7 @@ def _t5_folder(root: Path) -> Path:
         numpy_helper.from_array(np.array([1], np.int64), "axis1"),
     ]
     dec = helper.make_graph(nodes, "dec", [ids, states, mask, *kv_in], [logits, *kv_out], init)
-    _save(dec, root / "decoder.onnx")
+    save_graph(dec, root / "decoder.onnx")
     doc = {
         "version": 2,
         "pipeline": {

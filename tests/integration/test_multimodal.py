@@ -21,7 +21,7 @@ from tests.tiny_models import (
     HEADS,
     INT64,
     _kv_io,
-    _save,
+    save_graph,
     write_config,
 )
 
@@ -105,7 +105,7 @@ def _tri_modal(root: Path) -> Path:
     text, image and audio in a single pass; a decoder turns inputs_embeds into logits."""
 
     def graph(name, nodes, ins, outs, inits):
-        _save(helper.make_graph(nodes, name, ins, outs, inits), root / f"{name}.onnx")
+        save_graph(helper.make_graph(nodes, name, ins, outs, inits), root / f"{name}.onnx")
 
     vi = helper.make_tensor_value_info
     graph(

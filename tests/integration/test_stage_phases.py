@@ -20,7 +20,7 @@ from tests.tiny_models import (
     HEADS,
     INT64,
     _kv_io,
-    _save,
+    save_graph,
     write_config,
 )
 
@@ -39,7 +39,7 @@ def _tower(path: Path) -> None:
     graph = helper.make_graph(
         [node], "tower", [pixels], [patch], initializer=[numpy_helper.from_array(W_TOWER, "w")]
     )
-    _save(graph, path)
+    save_graph(graph, path)
 
 
 def _mixer(path: Path) -> None:
@@ -57,7 +57,7 @@ def _mixer(path: Path) -> None:
         numpy_helper.from_array(np.array([0], np.int64), "axis0"),
     ]
     graph = helper.make_graph(nodes, "mixer", [ids, patches], [mixed], initializer=init)
-    _save(graph, path)
+    save_graph(graph, path)
 
 
 def _head(path: Path) -> None:
@@ -71,7 +71,7 @@ def _head(path: Path) -> None:
         nodes, "head", [embeds, mask, *kv_in], [scores, *kv_out],
         initializer=[numpy_helper.from_array(W_HEAD, "w")],
     )  # fmt: skip
-    _save(graph, path)
+    save_graph(graph, path)
 
 
 def _summary(path: Path) -> None:
@@ -81,7 +81,7 @@ def _summary(path: Path) -> None:
     node = helper.make_node("ReduceSum", ["last_scores", "axes"], ["total"], keepdims=0)
     init = [numpy_helper.from_array(np.array([1, 2], np.int64), "axes")]
     graph = helper.make_graph([node], "summary", [scores], [total], initializer=init)
-    _save(graph, path)
+    save_graph(graph, path)
 
 
 def _folder(root: Path, **overrides) -> Path:
