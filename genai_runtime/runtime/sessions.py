@@ -13,6 +13,7 @@ from ..environment import gpu_device_id, plugin_devices
 from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError
 from ..session.device import check_provider
 from ..session.graph_io import SessionIO
+from ..session.providers import CPU, check_granted, preload_libraries
 from ..spec import PipelineSpec, SessionOptionsSpec, SessionSpec
 from . import prune
 
@@ -102,12 +103,9 @@ def session_options(
     return so
 
 
-# Provider options this runtime turns off, with why (``explain`` shows it): a captured CUDA
-# graph replays fixed device addresses, and this runtime does not keep its inputs at fixed ones.
-DISABLED_OPTIONS = {
-    "enable_cuda_graph": "CUDA graph capture is not built yet: inputs are not kept at fixed "
-    "device addresses, so the graph runs uncaptured",
-}
+# Provider options this runtime turns off, with why (a warning says it). None today: the CUDA
+# provider's enable_cuda_graph is honoured (runtime/cuda_graphs.py).
+DISABLED_OPTIONS: dict[str, str] = {}
 
 
 def providers_for(spec: SessionOptionsSpec) -> list[tuple[str, dict[str, str]]]:
@@ -179,7 +177,10 @@ def create_session(
     options = session_options(spec.options, model_dir, trust, f"{where}.session_options")
     if turns and STOP_SPINNING not in spec.options.config_entries:
         options.add_session_config_entry(STOP_SPINNING, "1")
-    providers = providers_for(spec.options)
+    try:
+        providers = providers_for(spec.options)
+    except UnsupportedError as exc:  # name the session, as the other load errors do
+        raise UnsupportedError(f"{where}: {exc}") from exc
     model: str | bytes = str(path)
     if prune.wanted(dict(spec.options.config_entries)):
         rewritten = _pruned(spec, path)
@@ -190,15 +191,20 @@ def create_session(
             options.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path", folder
             )
+    requested = list(providers)
+    if any(name != CPU for name, _ in requested):
+        preload_libraries()
     if any(plugin_devices(name) for name, _ in providers):
         add_providers_by_device(options, providers)
         providers = []
     try:
-        return ort.InferenceSession(
+        session = ort.InferenceSession(
             model,
             sess_options=options,
             providers=[name for name, _ in providers] or None,
             provider_options=[opts for _, opts in providers] or None,
+            # A provider that fails to start raises (its reason), not a retry on the CPU.
+            enable_fallback=0,
         )
     except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -206,6 +212,9 @@ def create_session(
               if "device_id" in opts]  # fmt: skip
         at = f" on {', '.join(on)}" if on else ""
         raise ModelError(f"{where}.file: cannot load {path}{at}: {reason}") from exc
+    # onnxruntime drops a requested provider that cannot start, and only logs it.
+    check_granted(session, requested, where)
+    return session
 
 
 def add_providers_by_device(

@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP server (``genai-runtime serve``; needs the ``server`` extra).
 
 ``serve`` binds the socket first (so port 0 works and /health answers 503 while the model
-loads), then loads the model in the background and starts the engine thread.
+loads), then loads the model in the background and starts the engine thread. A model that
+cannot load stops ``serve`` with that error (a server answering 503 forever hides it).
 """
 
 from __future__ import annotations
@@ -82,10 +83,13 @@ def serve(model_dir: str, *, log_level: str = "info", **options) -> None:
     try:
         handle = ServerHandle(model_dir, log_level=log_level, **options)
         print(f"serving {handle.state.served_name!r} on {handle.url}/v1", flush=True)
+        threading.Thread(target=handle.stop_if_not_loaded, name="genai-load-watch",
+                         daemon=True).start()  # fmt: skip
         try:
             handle.server.run(sockets=[handle.sock])
         finally:
             handle.close_engine()
+        handle.raise_load_failure()
     finally:  # in-process callers (tests) keep no handler on a stream that may close
         remove_logging(handler)
 
@@ -170,6 +174,7 @@ class ServerHandle:
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.sock.getsockname()[1]}"
         self.loaded = threading.Event()
+        self.load_failure: Exception | None = None
         # A context cap by default: every active row's cache grows to the longest row's length.
         engine_options = dict(
             max_queued=max_queued,
@@ -197,9 +202,24 @@ class ServerHandle:
             self.state.engine = build_engine(model_dir, **engine_options)
             log.info("model loaded (%s decode)", self.state.engine.slots.kind)
         except Exception as exc:
+            self.load_failure = exc
             self.state.load_error = f"the model could not be loaded: {exc}"
             log.error("%s", self.state.load_error)
         self.loaded.set()
+
+    def stop_if_not_loaded(self) -> None:
+        """Once the load ends, stop the server if it failed (``serve`` then raises the error)."""
+        self.loaded.wait()
+        if self.load_failure is not None:
+            self.server.should_exit = True
+
+    def raise_load_failure(self) -> None:
+        """The load's error, if it failed, as a ``GenaiRuntimeError``."""
+        failure = self.load_failure
+        if isinstance(failure, GenaiRuntimeError):
+            raise failure
+        if failure is not None:
+            raise GenaiRuntimeError(self.state.load_error) from failure
 
     def start(self, timeout: float = 120.0, wait_for_model: bool = True) -> ServerHandle:
         self._thread = threading.Thread(
