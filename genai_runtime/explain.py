@@ -13,8 +13,9 @@ from typing import Any
 
 from .decoding.chain import make_picker
 from .errors import GenaiRuntimeError
-from .kv.planning import device_obstacle
+from .kv.planning import CACHE_KINDS, device_obstacle
 from .routing import classify
+from .runtime.cuda_graphs import graph_obstacle
 from .runtime.pipeline import LoadedPipeline
 from .runtime.plan import Plan
 from .session.device import HOST, Device
@@ -245,6 +246,16 @@ def _kv(pipeline: LoadedPipeline) -> dict[str, Any] | None:
         kv_plan = pipeline.kv_plan()
         out["kind"], out["reason"] = kv_plan.kind, kv_plan.reason
         out["device_obstacle"] = device_obstacle(kv_plan.kind, device)
+        if not device.host:
+            static_mask = getattr(CACHE_KINDS.get(kv_plan.kind), "static_mask", False)
+            obstacle = graph_obstacle(
+                list(pipeline.plan.stages), pipeline.sessions, kv_plan.kind, static_mask
+            )
+            out["cuda_graph"] = (
+                "on: decode steps captured, then replayed"
+                if obstacle is None
+                else f"off: {obstacle}"
+            )
     except GenaiRuntimeError as exc:  # the layout is real even when no cache kind handles it
         out["kind"], out["reason"] = None, str(exc)
     return out
@@ -355,6 +366,8 @@ def format_report(report: Mapping[str, Any]) -> str:
             add(f"  lives on:  {kv['device']} ({held})")
         if kv.get("device_obstacle"):
             add(f"  device:    {kv['device_obstacle']}")
+        if kv.get("cuda_graph"):
+            add(f"  cuda graph: {kv['cuda_graph']}")
     return "\n".join(lines) + "\n"
 
 

@@ -30,6 +30,8 @@ from .runtime.run_control import TERMINATE, apply_runtime_option, runtime_option
 from .spec import SEARCH_OPTIONS, GenerationSpec, SearchOption
 from .validation import as_array, as_index, as_name, serialized, shown, unlocked
 
+ON_DEVICE = object()  # a pass's logits left where its session wrote them (``_host_logits``)
+
 
 class GeneratorParams:
     def __init__(self, model: Model):
@@ -156,7 +158,9 @@ class Generator:
                 "(batch_size x num_beams x max_length)"
             ) from None
         self._length = 0
-        self._logits: np.ndarray | None = None  # logits awaiting a token choice
+        # Logits awaiting a token choice: a host array, or ON_DEVICE (still where the session
+        # wrote them: ``_host_logits`` copies them out, greedy choice takes only the ids).
+        self._logits: np.ndarray | object | None = None
         self._pending: np.ndarray | None = None  # tokens in the sequence, not yet run
         self._next = np.zeros(self._rows, np.int32)
         self._eos_seen = np.zeros(self._rows, bool)
@@ -243,7 +247,10 @@ class Generator:
             self._pending = None
         if self._beams is not None:
             return self._beam_step()
-        tokens = self._picker.pick(self._seq[:, : self._length], self._logits, self._rng)
+        if self._logits is ON_DEVICE and self._picker.argmax_only:
+            tokens = self._exec.argmax()
+        else:
+            tokens = self._picker.pick(self._seq[:, : self._length], self._host_logits(), self._rng)
         if self._any_eos:
             tokens[self._eos_seen] = self.pad_token_id
         # A finished grammar ends its row like EOS, but its last token is content, not EOS.
@@ -287,7 +294,7 @@ class Generator:
         the cache follow those rows, then every row's token is appended (pad in finished
         prompts), as the reference does."""
         sequences = self._seq[:, : self._length]
-        logits = self._picker.process(sequences, self._logits)
+        logits = self._picker.process(sequences, self._host_logits())
         tokens, rows = self._beams.step(sequences, logits)
         self._logits = None
         sequences[:] = sequences[rows]
@@ -330,7 +337,8 @@ class Generator:
         left); the executor may have run ahead, so the books are squared when a round ends."""
         if not self._queue:
             state = DecodeState(
-                self._seq[0], self._length, None if self._logits is None else self._logits[0],
+                self._seq[0], self._length,
+                None if self._logits is None else self._host_logits()[0],
                 self._exec, self._picker, self._rng, self._is_eos,
             )  # fmt: skip
             self._queue.extend(self._driver.round(state))
@@ -380,7 +388,7 @@ class Generator:
                 raise GenerationError("no logits: call append_tokens first")
             self._logits = self._forward(self._pending)
             self._pending = None
-        return self._logits.reshape(self._rows, 1, -1).copy()
+        return self._host_logits().reshape(self._rows, 1, -1).copy()
 
     def set_logits(self, logits: Any) -> None:
         self._sync()
@@ -541,6 +549,11 @@ class Generator:
     def kv_cache(self):
         return self._exec.cache
 
+    @property
+    def graph_note(self) -> str:
+        """Whether decode steps replay a captured CUDA graph, and why not where they do not."""
+        return self._exec.graph_note
+
     # -- internals -------------------------------------------------------------------------
 
     def _log_step(self, hit: np.ndarray) -> None:
@@ -599,15 +612,22 @@ class Generator:
             )
         return array.astype(np.int32)
 
-    def _forward(self, tokens: np.ndarray) -> np.ndarray:
+    def _host_logits(self) -> np.ndarray:
+        if self._logits is ON_DEVICE:
+            self._logits = self._exec.rows()
+        return self._logits
+
+    def _forward(self, tokens: np.ndarray) -> np.ndarray | object:
+        """Run ``tokens``; their logits as a host array, or ON_DEVICE where they stay there."""
         chunk = self.search.chunk_size
         start = self._exec.length
         try:
             if chunk and tokens.shape[1] > chunk and self.batch_size == 1:
                 for first in range(0, tokens.shape[1], chunk):
-                    logits = self._exec.forward(tokens[:, first : first + chunk])
-                return logits
-            return self._exec.forward(tokens)
+                    self._exec.run(tokens[:, first : first + chunk])
+            else:
+                self._exec.run(tokens)
+            return ON_DEVICE if self._exec.logits_on_device else self._exec.rows()
         except Exception as exc:
             self._exec.rewind_to(start)  # a failed pass leaves the generator as it was
             self._live()  # a run stopped by terminate_session

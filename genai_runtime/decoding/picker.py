@@ -96,6 +96,12 @@ class TokenPicker:
     def is_greedy(self) -> bool:
         return isinstance(self.terminal, (Argmax, ReferenceGreedy))
 
+    @property
+    def argmax_only(self) -> bool:
+        """Greedy with no op before it: the next token is the logits' argmax, which a device
+        can take where the logits are (only the ids cross to the host)."""
+        return not self.ops and self.is_greedy
+
     def pick(self, tokens: np.ndarray, logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Tokens ``int32 [B]`` for ``logits [B, V]`` after the sequences ``tokens [B, T]``."""
         if self._grammar_argmax:

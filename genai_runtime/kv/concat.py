@@ -61,18 +61,18 @@ class ConcatCache:
             # A copy, never a view: a view would point into the dropped OrtValue's memory.
             kept = np.arange(length, dtype=np.int64)
             axis = self.layout.seq_axis
-            self._past = [self.device.take(v, kept, axis) for v in self._past]
+            self._past = self.device.take_many(self._past, kept, axis)
         self.length = min(self.length, length)
 
     def reorder(self, rows: np.ndarray) -> None:
         if self.length == 0 or (rows == np.arange(rows.size)).all():
             return
         axis = self.layout.batch_axis
-        self._past = [self.device.take(v, rows, axis) for v in self._past]
+        self._past = self.device.take_many(self._past, rows, axis)
 
     def compact(self, start: int, keep: np.ndarray) -> None:
         """Keep the tokens before ``start`` and those at positions ``keep`` (in order)."""
         index = np.concatenate([np.arange(start, dtype=np.int64), keep])
         axis = self.layout.seq_axis
-        self._past = [self.device.take(v, index, axis) for v in self._past]
+        self._past = self.device.take_many(self._past, index, axis)
         self.length = index.size

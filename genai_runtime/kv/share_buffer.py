@@ -64,6 +64,9 @@ def _keep_spare(key: tuple, arrays: list[np.ndarray]) -> None:
 class ShareBufferCache:
     kind: ClassVar[str] = "share-buffer"
     on_device: ClassVar[bool] = True
+    # Decode steps may feed the whole [B, max_length] mask: GroupQueryAttention takes each row's
+    # length from the mask's sum and writes into the max_length buffers, so its width is free.
+    static_mask: ClassVar[bool] = True
 
     def __init__(self, layout: KVLayout, batch_size: int, max_length: int, device: Device = HOST):
         if layout.format != "separate":
@@ -119,19 +122,19 @@ class ShareBufferCache:
     def _reserve_on_device(self, shape: tuple[int, ...], count: int, capacity: int) -> None:
         values = [self.device.empty(shape, self.layout.dtype) for _ in range(count)]
         if self._values and self.length:  # grown past max_length: keep what is held
-            keep = np.arange(self.length)
-            for i, old in enumerate(self._values):
-                values[i] = self._device_splice(old, keep, capacity)
+            values = self._device_splice(self._values, np.arange(self.length), capacity)
         self._values = values
         self._capacity = capacity
         self._epoch += 1
 
-    def _device_splice(self, value: ort.OrtValue, rows: np.ndarray, capacity: int) -> ort.OrtValue:
-        """``value`` with positions ``rows`` first, padded with its own row 0 up to
+    def _device_splice(
+        self, values: list[ort.OrtValue], rows: np.ndarray, capacity: int
+    ) -> list[ort.OrtValue]:
+        """Each of ``values`` with positions ``rows`` first, padded with its own row 0 up to
         ``capacity`` (padding is never read: attention stops at each row's length)."""
         index = np.zeros(capacity, np.int64)
         index[: rows.size] = rows
-        return self.device.take(value, index, axis=2)
+        return self.device.take_many(values, index, axis=2)
 
     def __del__(self) -> None:
         arrays = getattr(self, "_arrays", None)
@@ -160,7 +163,7 @@ class ShareBufferCache:
     def reorder(self, rows: np.ndarray) -> None:
         if not self.device.host:  # on the device: gathered there, buffers replaced
             if (rows != np.arange(rows.size)).any():
-                self._values = [self.device.take(v, rows, 0) for v in self._values]
+                self._values = self.device.take_many(self._values, rows, 0)
                 self._epoch += 1
             return
         # On the host in place, only the positions held: the buffers stay bound as they are.
@@ -172,7 +175,7 @@ class ShareBufferCache:
         end = start + keep.size
         if not self.device.host:  # on the device: gathered there, buffers replaced
             rows = np.concatenate([np.arange(start, dtype=np.int64), keep])
-            self._values = [self._device_splice(v, rows, self._capacity) for v in self._values]
+            self._values = self._device_splice(self._values, rows, self._capacity)
             self._epoch += 1
             self.length = end
             return

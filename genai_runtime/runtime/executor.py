@@ -27,14 +27,17 @@ from ..session.device import HOST, Device
 from ..session.graph_io import LAST_POSITION_SWITCH
 from ..session.positions import PositionState
 from ..spec import TokensSpec
+from .cuda_graphs import CudaGraphs
 from .fixed_pass import FixedShapePass
 from .logits import LogitsBuffer
 from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan
 from .stage import BoundStage, stage_output
 
-# The two values a graph's last-position switch is fed; never written, so a binding of either
-# stays right on a device (onnxruntime copies a host input when it is bound).
+# The two values a graph's last-position switch is fed; read-only, so a device tensor staged
+# from either needs no new copy while the same one is fed (``BoundSession.feed``).
 _SWITCH = {False: np.array(False), True: np.array(True)}
+for _value in _SWITCH.values():
+    _value.flags.writeable = False
 
 
 @dataclass(frozen=True)
@@ -133,12 +136,18 @@ class Executor:
         self._last_run: dict[str, BoundStage] = {}
         self._logits_stage = next(s for s in self.stages if s.plan.logits is not None)
         self._fixed: FixedShapePass | None = None
+        self._fixed_rows = np.zeros((batch_size, 0), np.float32)
         self._tree: TreePass | None = None  # set during a token-tree pass
         if getattr(self.cache, "chunk", None):
             self._fixed = FixedShapePass(
                 self.stages, self._logits_stage, self.cache, self.positions, self.logits,
                 self.user_inputs,
             )  # fmt: skip
+        # On a device, a cache that declares it lets decode steps feed the whole [B, max_length]
+        # mask: every step input keeps its shape, so none is reallocated (and a graph replays).
+        self._static_mask = not self.device.host and getattr(self.cache, "static_mask", False)
+        self.graph_note = "off (host execution)"
+        self.graph = None if self.device.host else CudaGraphs.setup(self, self._static_mask)
 
     @property
     def length(self) -> int:
@@ -153,6 +162,24 @@ class Executor:
             and tree_obstacle(self.plan, hasattr(self.cache, "compact")) is None
         )
 
+    @property
+    def logits_on_device(self) -> bool:
+        """The logits stay on a device after a pass (``run``): ``rows`` copies them out,
+        ``argmax`` brings back only the greedy ids."""
+        return self._fixed is None and not self._logits_stage.bound.device.host
+
+    def rows(self) -> np.ndarray:
+        """float32 [B, V]: the last pass's logits at each row's last token (host)."""
+        if self._fixed is not None:  # chunked passes keep each row's last logits themselves
+            return self._fixed_rows
+        return self.logits.rows(self._logits_stage, self.positions.last_index)
+
+    def argmax(self) -> np.ndarray:
+        """int32 [B]: each row's greedy token from the last pass, chosen where the logits are."""
+        if not self.logits_on_device:
+            return np.argmax(self.rows(), axis=-1).astype(np.int32)
+        return self.logits.argmax(self._logits_stage, self.positions.last_index)
+
     def forward(
         self, tokens: np.ndarray, tree: TreePass | None = None, *, every_row: bool = False
     ) -> np.ndarray:
@@ -163,6 +190,13 @@ class Executor:
         ``every_row``: ``pass_logits`` will be read, so a graph with the last-position switch
         computes every position's logits (else it is asked for the last ones only).
         """
+        self.run(tokens, tree, every_row=every_row)
+        return self.rows()
+
+    def run(
+        self, tokens: np.ndarray, tree: TreePass | None = None, *, every_row: bool = False
+    ) -> None:
+        """``forward`` without reading the logits (``rows`` or ``argmax`` reads them)."""
         if tree is not None:
             if not self.takes_tree:
                 raise UnsupportedError(
@@ -171,7 +205,7 @@ class Executor:
                 )
             self._tree = tree
             try:
-                return self.forward(tokens, every_row=True)
+                return self.run(tokens, every_row=True)
             finally:
                 self._tree = None
         n = tokens.shape[1]
@@ -181,11 +215,12 @@ class Executor:
                 f"{self.max_length}"
             )
         if self._fixed is not None:
-            out = self._fixed.forward(tokens)
+            self._fixed_rows = self._fixed.forward(tokens)
             self._last_run[self._logits_stage.plan.name] = self._logits_stage
             self._last_tokens = tokens
-            return out
+            return
         prompt_pass = self.length == 0 or n > 1
+        decode = not prompt_pass and self._tree is None
         start = self.length
         self.positions.update(tokens)
         if self._tree is not None:
@@ -222,8 +257,8 @@ class Executor:
                 ):
                     continue
                 last_only = n > 1 and not every_row and stage.last_position_switch
-                self._feed(stage, tokens, start, n, last_only)
-                stage.bound.run()
+                self._feed(stage, tokens, start, n, last_only, decode)
+                self._run_stage(stage, decode and self.graph is not None)
                 self._last_position_pass |= last_only
                 self._last_run[stage.plan.name] = stage
                 if stage.plan.logits is not None:
@@ -238,7 +273,17 @@ class Executor:
             if self.cache is not None:
                 self.cache.rewind_to(step_length)
             raise
-        return self.logits.rows(self._logits_stage, self.positions.last_index)
+
+    def _run_stage(self, stage: BoundStage, graph: bool) -> None:
+        if not graph:
+            stage.bound.run()
+            return
+        try:
+            stage.bound.run(graph=True)
+        except Exception as exc:
+            self.graph.failed(self, exc)  # the step runs again, uncaptured, from here on
+            self.graph = None
+            stage.bound.run()
 
     # -- fixed-shape graphs ----------------------------------------------------------------
 
@@ -384,7 +429,13 @@ class Executor:
     # -- feeding ---------------------------------------------------------------------------
 
     def _feed(
-        self, stage: BoundStage, tokens: np.ndarray, start: int, n: int, last_only: bool = False
+        self,
+        stage: BoundStage,
+        tokens: np.ndarray,
+        start: int,
+        n: int,
+        last_only: bool = False,
+        decode: bool = False,
     ) -> None:
         bound = stage.bound
         if stage.last_position_switch:
@@ -407,6 +458,8 @@ class Executor:
                 self._bind(stage, feed.name, self._cast_mask(feed, self._source_mask))
             elif role == "attention_mask" and feed.info.rank == 4:
                 self._bind(stage, feed.name, self._mask4(feed.info.dtype, n))
+            elif role == "attention_mask" and decode and self._static_mask:
+                self._bind(stage, feed.name, self._step_positions.static_mask())
             elif role == "attention_mask":
                 self._bind(stage, feed.name, self._step_positions.mask())
             elif role in ("position_ids", "cache_position"):
@@ -533,7 +586,7 @@ class Executor:
         if self._last_position_pass:
             tokens = self._last_tokens
             self.rewind_to(self.length - tokens.shape[1])
-            self.forward(tokens, every_row=True)
+            self.run(tokens, every_row=True)
 
     def output(self, name: str) -> np.ndarray:
         """An output of the last pass, by tensor name (for ``Generator.get_output``)."""

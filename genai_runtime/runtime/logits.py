@@ -2,13 +2,21 @@
 
 On the CPU provider: one host buffer, grown when a pass needs more, each stage's view of it bound
 by pointer and left bound while its shape holds (a decode pass allocates nothing). On a device:
-onnxruntime allocates the output there, and only the rows token choice reads are copied out.
+a pass with one logits row per sequence writes into one device tensor bound once (a decode step
+allocates nothing, and a captured graph may replay it); a wider pass's output is allocated there
+per run. Only what token choice reads comes back: each row's last logits, or with greedy choice
+(``argmax``) just the ids, picked on the device.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import time
 
+import numpy as np
+import onnxruntime as ort
+
+from ..session import census
+from ..session.device import argmax_session
 from .stage import BoundStage
 
 
@@ -19,14 +27,16 @@ class LogitsBuffer:
         self._buffer = np.empty(0, np.float32)
         self._views: dict[str, np.ndarray] = {}
         self.last: np.ndarray | None = None  # the host view the last pass wrote
+        self._device_out: dict[str, ort.OrtValue] = {}  # stage -> its one-row device tensor
+        self._argmax: dict[str, tuple] = {}  # stage -> (session, binding, ids) on its device
 
     def bind(self, stage: BoundStage, n: int) -> None:
-        """Bind ``stage``'s logits output for a pass over ``n`` tokens."""
+        """Bind ``stage``'s logits output for a pass over ``n`` tokens (``n`` = 1 also for a
+        pass whose graph computes the last position's logits only)."""
         info = stage.plan.logits
         vocab = self.vocab_size
         if vocab is None or not stage.bound.device.host:
-            # On a device the logits stay there until the rows token choice needs are taken.
-            stage.bound.bind_output_alloc(info.name)
+            self._bind_on_device(stage, n)
             return
         if info.rank == 3:
             # A graph with a pruned lm_head declares [B, 1, V]: last position only, any n.
@@ -45,10 +55,32 @@ class LogitsBuffer:
             stage.shapes[info.name] = key
         self.last = self._views[stage.plan.name]  # a decode pass: still bound
 
+    def _bind_on_device(self, stage: BoundStage, n: int) -> None:
+        info, device = stage.plan.logits, stage.bound.device
+        if self.vocab_size is None or (n > 1 and info.rank == 3 and info.static_dim(1) != 1):
+            if stage.shapes.get(info.name) != "alloc":
+                stage.shapes[info.name] = "alloc"
+            stage.bound.bind_output_alloc(info.name)  # [B, n, V]: sized per pass
+            return
+        value = self._device_out.get(stage.plan.name)
+        if value is None:
+            shape = (self.batch_size, 1, self.vocab_size) if info.rank == 3 else (
+                self.batch_size, self.vocab_size)  # fmt: skip
+            value = self._device_out[stage.plan.name] = device.empty(shape, info.dtype)
+        if stage.shapes.get(info.name) != "fixed":
+            stage.bound.bind_output_value(info.name, value)
+            stage.shapes[info.name] = "fixed"
+
+    def device_value(self, stage: BoundStage) -> ort.OrtValue:
+        """The device tensor ``stage``'s last run wrote its logits into."""
+        if stage.shapes.get(stage.plan.logits.name) == "fixed":
+            return self._device_out[stage.plan.name]  # the same object each step
+        return stage.bound.output(stage.plan.logits.name)
+
     def whole(self, stage: BoundStage) -> np.ndarray:
         """Everything ``stage``'s last run wrote (a host view, or a copy from the device)."""
         if self.vocab_size is None or not stage.bound.device.host:
-            return stage.bound.output(stage.plan.logits.name).numpy()
+            return stage.bound.device.download(self.device_value(stage))
         return self.last
 
     def rows(self, stage: BoundStage, last_index: np.ndarray) -> np.ndarray:
@@ -66,12 +98,44 @@ class LogitsBuffer:
         return rows if rows.dtype == np.float32 else rows.astype(np.float32)
 
     def _device_rows(self, stage: BoundStage, last_index: np.ndarray) -> np.ndarray:
-        """Copied from the device: each row's last real token when all rows end at the same
-        column (one small gather there), else all rows."""
-        value = stage.bound.output(stage.plan.logits.name)
+        """Copied from the device: the columns where rows end (gathered there), not every
+        position of a padded prompt."""
+        value, columns = self._row_columns(stage, last_index)
+        logits = stage.bound.device.download(value)
+        if columns is None:
+            return logits
+        return logits[np.arange(self.batch_size), columns][:, None, :]
+
+    def _row_columns(
+        self, stage: BoundStage, last_index: np.ndarray
+    ) -> tuple[ort.OrtValue, np.ndarray | None]:
+        """A device tensor holding every row's last logits, and which of its columns is each
+        row's (None: the tensor already has one row per sequence)."""
+        value = self.device_value(stage)
         shape = value.shape()
-        if len(shape) == 3 and shape[1] > 1:
-            last = np.unique(last_index)
-            if last.size == 1:
-                return stage.bound.device.take(value, last, axis=1).numpy()
-        return value.numpy()
+        if len(shape) != 3 or shape[1] == 1:
+            return value, None
+        ends, columns = np.unique(last_index, return_inverse=True)
+        return stage.bound.device.take(value, ends, axis=1), columns
+
+    def argmax(self, stage: BoundStage, last_index: np.ndarray) -> np.ndarray:
+        """int32 ``[B]``: each row's greedy token, chosen on the device (only ids come back)."""
+        value, columns = self._row_columns(stage, last_index)
+        device, shape = stage.bound.device, value.shape()
+        key = (tuple(shape), value.data_type())
+        held = self._argmax.get(stage.plan.name)
+        if held is None or held[0] != key or held[3] is not value:
+            session = argmax_session(device, value.data_type(), len(shape))
+            binding = session.io_binding()
+            binding.bind_ortvalue_input("logits", value)
+            ids = device.empty(tuple(shape[:-1]), np.int64)
+            binding.bind_ortvalue_output("ids", ids)
+            held = self._argmax[stage.plan.name] = (key, session, binding, value, ids)
+        _, session, binding, _, ids = held
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        census.ran(time.perf_counter() - start)
+        chosen = device.download(ids)
+        if columns is not None:
+            chosen = chosen[np.arange(self.batch_size), columns]
+        return chosen.reshape(self.batch_size).astype(np.int32)

@@ -43,20 +43,25 @@ class BoundStage:
                         f"({RECURRENT_ROLES[feed.role]}); outputs: {', '.join(plan.io.outputs)}"
                     )
                 self.recurrent.append((feed.name, out))
-        claimed = set()
-        if plan.layout is not None:
-            claimed.update(n for layer in plan.layout.present for n in layer)
-        if plan.logits is not None:
-            claimed.add(plan.logits.name)
-        # Wire sources, and the rest (readable through get_output()), are allocated by
-        # onnxruntime per run: their shapes change with the number of tokens in a pass.
-        self.alloc_outputs = [n for n in plan.io.outputs if n not in claimed]
+        self.alloc_outputs = alloc_outputs(plan)
 
     def bind_alloc_outputs(self) -> None:
         # Rebinding drops the tensor the last run left bound, which onnxruntime would otherwise
         # take as a preallocated output of the old shape.
         for name in self.alloc_outputs:
             self.bound.bind_output_alloc(name)
+
+
+def alloc_outputs(plan: StagePlan) -> list[str]:
+    """Outputs neither the KV cache nor the logits buffer holds: wire sources and the rest
+    (readable through get_output()), allocated by onnxruntime per run, as their shapes change
+    with the number of tokens in a pass."""
+    claimed = set()
+    if plan.layout is not None:
+        claimed.update(n for layer in plan.layout.present for n in layer)
+    if plan.logits is not None:
+        claimed.add(plan.logits.name)
+    return [n for n in plan.io.outputs if n not in claimed]
 
 
 def stage_output(stage: BoundStage, name: str) -> ort.OrtValue:

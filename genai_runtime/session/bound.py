@@ -1,13 +1,21 @@
 """A session with its IOBinding: inputs and outputs bound once, rebound only when they change
-(on the host) or whenever they change (on a device, which copies a host input when it is bound)."""
+(on the host), or staged in device tensors that stay bound and take new contents in place (on a
+device, which would copy a host input when it is bound: a new allocation and copy every time)."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import onnxruntime as ort
 
+from . import census
 from .device import Device
 from .graph_io import SessionIO
+
+# Distinct shapes staged per input before the oldest are dropped (a prompt pass's ids, a decode
+# step's ids: each keeps its device tensor across turns).
+_STAGED_SHAPES = 4
 
 
 class BoundSession:
@@ -34,7 +42,11 @@ class BoundSession:
         self._outputs = None
         self._fed: dict[str, tuple[int, tuple[int, ...]]] = {}  # input -> (pointer, shape) bound
         self._same: dict[str, np.ndarray] = {}  # input -> the array object fed last
-        self._copies: dict[str, np.ndarray] = {}  # copies bound for a copy-on-bind device
+        # On a device: per input, its device tensors by (shape, dtype), and the one bound now.
+        self._staged: dict[str, dict[tuple, ort.OrtValue]] = {}
+        self._staged_bound: dict[str, ort.OrtValue] = {}
+        # Decode runs that replay a captured CUDA graph use these options (``run(graph=True)``).
+        self.graph_options: ort.RunOptions | None = None
         try:
             self._c_binding = self.binding._iobinding
             self._c_session = session._sess
@@ -45,24 +57,41 @@ class BoundSession:
     def feed(self, name: str, array: np.ndarray) -> None:
         """A host array the runtime (re)wrote for this pass. The CPU provider reads a bound
         array at run time, so an array already bound at the same address and shape stays bound;
-        a device copies it when bound, so it is bound again after every change."""
-        if self._same.get(name) is array and not self.device.copies_inputs:
+        on a device its contents are copied into a device tensor of its shape that stays bound
+        at one address (no allocation after the first pass of a shape)."""
+        if self.device.copies_inputs:
+            self._stage(name, array)
+            return
+        if self._same.get(name) is array:
             return  # the very array bound last pass (a decode step's ids buffer): nothing to do
         key = (array.__array_interface__["data"][0], array.shape)
-        if self.device.copies_inputs or self._fed.get(name) != key:
+        if self._fed.get(name) != key:
             self.bind_array(name, array)
             self._fed[name] = key
         self._same[name] = array
+
+    def _stage(self, name: str, array: np.ndarray) -> None:
+        tensors = self._staged.setdefault(name, {})
+        key = (array.shape, array.dtype)
+        value = tensors.get(key)
+        if value is None:
+            if len(tensors) >= _STAGED_SHAPES:
+                tensors.clear()
+            value = tensors[key] = self.device.upload(array)
+        else:
+            self.device.update(value, array)
+        if self._staged_bound.get(name) is not value:
+            self.binding.bind_ortvalue_input(name, value)
+            self._staged_bound[name] = value
 
     def bind_array(self, name: str, array: np.ndarray) -> None:
         """Bind a C-contiguous host array: by pointer on the host (no copy; the caller keeps it
         alive), copied to the session's device there."""
         self._fed.pop(name, None)
         self._same.pop(name, None)
-        if self.device.copies_inputs:
-            if self.device.kind == "cpu":  # host memory read later: bind a private copy, so
-                array = self._copies[name] = array.copy()  # a rewrite is unseen, as on a GPU
-            self.binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        self._staged_bound.pop(name, None)
+        if self.device.copies_inputs:  # a private device copy: a later rewrite is unseen
+            self.binding.bind_ortvalue_input(name, self.device.upload(array))
             return
         pointer = array.__array_interface__["data"][0]
         if self._c_binding is not None:
@@ -73,6 +102,7 @@ class BoundSession:
     def bind_value(self, name: str, value: ort.OrtValue) -> None:
         self._fed.pop(name, None)
         self._same.pop(name, None)
+        self._staged_bound.pop(name, None)
         self.binding.bind_ortvalue_input(name, value)
 
     def bind_output_array(self, name: str, array: np.ndarray) -> None:
@@ -92,14 +122,20 @@ class BoundSession:
         """Let onnxruntime allocate this output on the session's device (its shape is only
         known after the run); a wire or cache then feeds it on without a copy."""
         self._index(name)
+        if not self.device.host:
+            census.allocated()  # onnxruntime allocates it there on every run
         self.binding.bind_output(name, self.device.kind, self.device.id)
 
-    def run(self) -> None:
+    def run(self, graph: bool = False) -> None:
+        """One run; ``graph``: a decode step that captures, then replays, a CUDA graph."""
         self._outputs = None
+        options = self.graph_options if graph else self.run_options
+        start = time.perf_counter()
         if self._c_binding is not None:
-            self._c_session.run_with_iobinding(self._c_binding, self.run_options)
+            self._c_session.run_with_iobinding(self._c_binding, options)
         else:
-            self.session.run_with_iobinding(self.binding, self.run_options)
+            self.session.run_with_iobinding(self.binding, options)
+        census.ran(time.perf_counter() - start)
 
     def output(self, name: str) -> ort.OrtValue:
         if self._outputs is None:

@@ -15,12 +15,14 @@ on the host as NumPy views of the OrtValues' memory, and on a device as a one-no
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
 from ..errors import ModelError, UnsupportedError
+from . import census
 
 # onnxruntime execution provider -> the device type its OrtValues are allocated on. Other
 # providers read host memory through their own copies: the runtime keeps buffers on the host
@@ -84,14 +86,35 @@ class Device:
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> ort.OrtValue:
         """An uninitialised tensor on this device."""
+        if not self.host:
+            census.allocated()
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.kind, self.id)
 
     def upload(self, array: np.ndarray) -> ort.OrtValue:
-        """``array`` as a tensor on this device (on the host: the array's own memory)."""
+        """``array`` as a tensor on this device (on the host: the array's own memory). On a
+        device it is a private copy: rewriting ``array`` later is not seen (``update`` is how
+        a tensor that stays bound takes new contents)."""
         array = np.ascontiguousarray(array)
         if self.host:
             return ort.OrtValue.ortvalue_from_numpy(array)
+        census.allocated()
+        census.uploaded(array.nbytes)
+        if self.kind == "cpu":  # copy on bind, emulated: host memory of its own
+            return ort.OrtValue.ortvalue_from_numpy(array.copy())
         return ort.OrtValue.ortvalue_from_numpy(array, self.kind, self.id)
+
+    def update(self, value: ort.OrtValue, array: np.ndarray) -> None:
+        """Copy ``array`` into the device tensor ``value`` (same shape and dtype), in place: its
+        address stays, so a binding (or a captured graph) that holds it sees the new values."""
+        census.uploaded(array.nbytes)
+        value.update_inplace(np.ascontiguousarray(array))
+
+    def download(self, value: ort.OrtValue) -> np.ndarray:
+        """A device tensor's contents on the host."""
+        array = value.numpy()
+        if not self.host:
+            census.downloaded(array.nbytes)
+        return array
 
     def take(self, value: ort.OrtValue, indices: np.ndarray, axis: int) -> ort.OrtValue:
         """The entries of ``value`` at ``indices`` along ``axis``, as a new tensor here."""
@@ -100,17 +123,38 @@ class Device:
             return ort.OrtValue.ortvalue_from_numpy(np.take(value.numpy(), indices, axis=axis))
         return graph_take(self, value, indices, axis)
 
+    def take_many(
+        self, values: list[ort.OrtValue], indices: np.ndarray, axis: int
+    ) -> list[ort.OrtValue]:
+        """``take`` of every tensor in ``values`` (same dtype and rank) along one axis: on a
+        device one run of one graph gathers them all (a cache's layers), not one run each."""
+        if self.host or len(values) == 1:
+            return [self.take(v, indices, axis) for v in values]
+        return graph_take_many(self, values, np.ascontiguousarray(indices, np.int64), axis)
+
 
 def graph_take(device: Device, value: ort.OrtValue, indices: np.ndarray, axis: int) -> ort.OrtValue:
     """``Device.take`` as a device does it: a one-node graph on its provider (on the CPU
     provider for a host ``device``, which is how it is tested without a GPU)."""
-    session = _gather_session(device, value.data_type(), len(value.shape()), axis)
+    return graph_take_many(device, [value], indices, axis)[0]
+
+
+def graph_take_many(
+    device: Device, values: list[ort.OrtValue], indices: np.ndarray, axis: int
+) -> list[ort.OrtValue]:
+    """``Device.take_many`` on the device: one graph of ``len(values)`` Gather nodes."""
+    session = _gather_session(device, values[0].data_type(), len(values[0].shape()), axis,
+                              len(values))  # fmt: skip
     binding = session.io_binding()
-    binding.bind_ortvalue_input("data", value)
+    for i, value in enumerate(values):
+        binding.bind_ortvalue_input(f"data{i}", value)
+        binding.bind_output(f"out{i}", device.kind, device.id)
     binding.bind_ortvalue_input("indices", device.upload(np.asarray(indices, np.int64)))
-    binding.bind_output("out", device.kind, device.id)
+    census.allocated(len(values))
+    start = time.perf_counter()
     session.run_with_iobinding(binding)
-    return binding.get_outputs()[0]
+    census.ran(time.perf_counter() - start)
+    return binding.get_outputs()
 
 
 HOST = Device()
@@ -141,33 +185,65 @@ def check_provider(name: str, asked: str | None = None) -> None:
 
 
 @functools.lru_cache(maxsize=32)
-def _gather_session(device: Device, data_type: str, rank: int, axis: int) -> ort.InferenceSession:
-    """A one-node graph, ``Gather(data, indices, axis)``, on ``device``'s execution provider."""
+def _gather_session(
+    device: Device, data_type: str, rank: int, axis: int, count: int = 1
+) -> ort.InferenceSession:
+    """``count`` Gather nodes sharing one ``indices`` on ``device``'s execution provider."""
+    onnx, helper = _onnx("moving cache rows on a device")
+    elem = _elem(data_type, device)
+    nodes = [
+        helper.make_node("Gather", [f"data{i}", "indices"], [f"out{i}"], axis=axis)
+        for i in range(count)
+    ]
+    inputs = [helper.make_tensor_value_info(f"data{i}", elem, [None] * rank) for i in range(count)]
+    inputs.append(helper.make_tensor_value_info("indices", onnx.TensorProto.INT64, [None]))
+    outputs = [helper.make_tensor_value_info(f"out{i}", elem, [None] * rank) for i in range(count)]
+    return _session(device, helper.make_graph(nodes, "gather", inputs, outputs))
+
+
+@functools.lru_cache(maxsize=32)
+def argmax_session(device: Device, data_type: str, rank: int) -> ort.InferenceSession:
+    """``ArgMax`` over the last axis (first index on ties, as ``np.argmax``), int64 out, on
+    ``device``'s provider: greedy choice where the logits are, so only the ids come back."""
+    onnx, helper = _onnx("choosing tokens on a device")
+    elem = _elem(data_type, device)
+    node = helper.make_node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0)
+    graph = helper.make_graph(
+        [node],
+        "argmax",
+        [helper.make_tensor_value_info("logits", elem, [None] * rank)],
+        [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [None] * (rank - 1))],
+    )
+    return _session(device, graph)
+
+
+def _onnx(purpose: str):
     try:
         import onnx  # only device execution needs it
         from onnx import helper
     except ImportError:  # pragma: no cover - the gpu extra installs it
-        raise UnsupportedError(
-            "moving cache rows on a device needs the onnx package (pip install onnx)"
-        ) from None
+        raise UnsupportedError(f"{purpose} needs the onnx package (pip install onnx)") from None
+    return onnx, helper
+
+
+def _elem(data_type: str, device: Device) -> int:
+    from onnx import TensorProto
+
     elem = {
-        "tensor(float)": onnx.TensorProto.FLOAT,
-        "tensor(float16)": onnx.TensorProto.FLOAT16,
-        "tensor(bfloat16)": onnx.TensorProto.BFLOAT16,
-        "tensor(int64)": onnx.TensorProto.INT64,
-        "tensor(int32)": onnx.TensorProto.INT32,
+        "tensor(float)": TensorProto.FLOAT,
+        "tensor(float16)": TensorProto.FLOAT16,
+        "tensor(bfloat16)": TensorProto.BFLOAT16,
+        "tensor(int64)": TensorProto.INT64,
+        "tensor(int32)": TensorProto.INT32,
     }.get(data_type)
     if elem is None:
         raise ModelError(f"cannot move a {data_type} tensor on {device}")
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["data", "indices"], ["out"], axis=axis)],
-        "gather",
-        [
-            helper.make_tensor_value_info("data", elem, [None] * rank),
-            helper.make_tensor_value_info("indices", onnx.TensorProto.INT64, [None]),
-        ],
-        [helper.make_tensor_value_info("out", elem, [None] * rank)],
-    )
+    return elem
+
+
+def _session(device: Device, graph) -> ort.InferenceSession:
+    from onnx import helper
+
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     provider = next(ep for ep, kind in EP_DEVICES.items() if kind == device.kind)

@@ -100,7 +100,8 @@ class PositionState:
         return self._prompt_length
 
     def rewind_to(self, length: int) -> None:
-        self.length = min(self.length, length)
+        old, self.length = self.length, min(self.length, length)
+        self._mask[:, self.length : old] = 0  # ``static_mask`` reads past the length
         if self.batch_size > 1 and self.length:
             if self.length <= self._prompt_length:
                 self._next[:] = self._prompt_next
@@ -125,6 +126,11 @@ class PositionState:
         out = self._mask_out[: self.batch_size * self.length].reshape(self.batch_size, -1)
         out[...] = self._mask[:, : self.length]
         return out
+
+    def static_mask(self) -> np.ndarray:
+        """The ``[B, max_length]`` mask: 1 where a row has a real token, 0 after its length.
+        Its shape never changes, so a device tensor holding it stays at one address."""
+        return self._mask
 
     def positions(self, n: int) -> np.ndarray:
         """The ``[B, n]`` position ids of the pass just recorded (contiguous)."""

@@ -21,6 +21,7 @@ import genai_runtime as og
 from genai_runtime.cli import main
 from genai_runtime.kv.base import KVLayout
 from genai_runtime.kv.share_buffer import ShareBufferCache
+from genai_runtime.session.census import measure
 from genai_runtime.session.device import COPY_ON_BIND, Device, graph_take, parse_device
 
 COPY = {"model": {"decoder": {"session_options": {COPY_ON_BIND: "1"}}}}
@@ -68,6 +69,59 @@ def test_copy_on_bind_gives_the_cpu_tokens(smollm2_dir: Path, cache: str) -> Non
         gen, ours = _generate(device, rows, 4, rewind)
         assert gen.kv_plan.kind == cache and not gen.kv_cache.device.host
         assert ours == _generate(plain, rows, 4, rewind)[1]
+
+
+def _greedy(model: og.Model, prompts: list[list[int]], steps: int, measured: int = 0):
+    """Plain greedy rows (no op before the argmax, so the device takes it); the census of the
+    last ``measured`` steps."""
+    width = max(len(p) for p in prompts)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=width + steps, batch_size=len(prompts))
+    generator = og.Generator(model, params)
+    pad = model.spec.tokens.pad or 0
+    generator.append_tokens(np.array([p + [pad] * (width - len(p)) for p in prompts]))
+    for _ in range(steps - measured):
+        generator.generate_next_token()
+    with measure() as m:
+        for _ in range(measured):
+            generator.generate_next_token()
+    return generator, [generator.get_sequence(i).tolist() for i in range(len(prompts))], m
+
+
+STORY = [6403, 1980, 253, 655, 28, 281, 253, 1165, 6560, 28]  # "Once upon a time, in a small..."
+COLOURS = [504, 1296, 3003, 4683, 359]  # "The three primary colors are"
+CODE = [1604, 3987, 46477, 24, 94, 727]  # "def fibonacci(n):" (no EOS in 16 greedy tokens)
+BATCHES = {"batch 1": [STORY], "right-padded 3": [STORY, COLOURS, CODE]}
+
+
+@pytest.mark.parametrize("cache", ["share-buffer", "concat"])
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_device_greedy_choice_gives_the_cpu_tokens(smollm2_dir: Path, cache: str, batch: str):
+    overlays = [CONCAT] if cache == "concat" else []
+    prompts = BATCHES[batch]
+    gen, ours, _ = _greedy(_model(smollm2_dir, *overlays, COPY), prompts, 12)
+    assert gen.kv_plan.kind == cache and not gen.kv_cache.device.host
+    assert ours == _greedy(_model(smollm2_dir, *overlays), prompts, 12)[1]
+
+
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_a_share_buffer_decode_step_allocates_nothing_and_moves_only_step_inputs(
+    smollm2_dir: Path, batch: str
+) -> None:
+    """After the first step: no device tensor is made; the ids and the [B, max_length] mask
+    go in (each copied into the tensor bound last step), only the chosen ids come back."""
+    prompts = BATCHES[batch]
+    rows, steps = len(prompts), 4
+    max_length = max(len(p) for p in prompts) + 8
+    gen, _, m = _greedy(_model(smollm2_dir, COPY), prompts, 8, measured=steps)
+    assert gen.max_length == max_length
+    census = m.census
+    assert census.device_allocations == 0
+    assert census.session_runs == 2 * steps  # the model and the argmax graph
+    assert census.host_to_device == 2 * steps  # input_ids, attention_mask
+    assert census.host_to_device_bytes == steps * (rows * 8 + rows * max_length * 8)
+    assert census.device_to_host == steps  # the chosen ids, int64 [B]
+    assert census.device_to_host_bytes == steps * rows * 8
 
 
 def test_the_device_gather_graph_takes_what_numpy_takes() -> None:

@@ -73,3 +73,40 @@ def test_a_device_id_that_does_not_exist_is_a_clear_error(cuda_folder: Path) -> 
     config.set_provider_option("cuda", "device_id", "97")
     with pytest.raises(og.GenaiRuntimeError, match=r"device_id 97"):
         og.Model(config)
+
+
+GRAPH = {"model": {"decoder": {"session_options": {"provider_options": [
+    {"cuda": {"enable_cuda_graph": "1"}}]}}}}  # fmt: skip
+
+
+def test_captured_decode_steps_give_the_reference_tokens(cuda_folder: Path) -> None:
+    """With the folder's enable_cuda_graph on, decode steps replay a captured graph; the
+    tokens stay those of onnxruntime-genai-cuda without one."""
+    og_ref = pytest.importorskip("onnxruntime_genai")
+    reference = og_ref.Model(og_ref.Config(str(cuda_folder)))
+    config = og.Config(cuda_folder)
+    config.overlay(json.dumps(GRAPH))
+    model = og.Model(config)
+    for prompts, new in (([PROMPTS[0]], 128), (PROMPTS, 32)):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=max(map(len, prompts)) + new,
+                                  batch_size=len(prompts))  # fmt: skip
+        assert og.Generator(model, params).graph_note.startswith("on")
+        assert _greedy(og, model, prompts, new) == _greedy(og_ref, reference, prompts, new)
+
+
+def test_a_decode_step_on_the_gpu_allocates_nothing_and_returns_only_ids(cuda_folder: Path):
+    from genai_runtime.session.census import measure
+
+    model = og.Model(og.Config(cuda_folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=64)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([PROMPTS[0]], np.int32))
+    for _ in range(2):
+        generator.generate_next_token()
+    with measure() as m:
+        for _ in range(4):
+            generator.generate_next_token()
+    assert m.census.device_allocations == 0
+    assert m.census.device_to_host == 4 and m.census.device_to_host_bytes == 4 * 8
