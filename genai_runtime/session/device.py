@@ -90,6 +90,22 @@ class Device:
             census.allocated()
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.kind, self.id)
 
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> ort.OrtValue:
+        """A zero-filled tensor on this device, written there (``ConstantOfShape``), so nothing
+        of its size crosses from the host. Attention kernels read whole tiles past a row's
+        length and mask them: stale memory there may hold NaN, which a mask does not cancel."""
+        if self.host:
+            return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype))
+        session = _zeros_session(self, np.dtype(dtype).str)
+        binding = session.io_binding()
+        binding.bind_cpu_input("shape", np.asarray(shape, np.int64))
+        binding.bind_output("out", self.kind, self.id)
+        census.allocated()
+        start = time.perf_counter()
+        session.run_with_iobinding(binding)
+        census.ran(time.perf_counter() - start)
+        return binding.get_outputs()[0]
+
     def upload(self, array: np.ndarray) -> ort.OrtValue:
         """``array`` as a tensor on this device (on the host: the array's own memory). On a
         device it is a private copy: rewriting ``array`` later is not seen (``update`` is how
@@ -217,9 +233,26 @@ def argmax_session(device: Device, data_type: str, rank: int) -> ort.InferenceSe
     return _session(device, graph)
 
 
+@functools.lru_cache(maxsize=8)
+def _zeros_session(device: Device, dtype: str) -> ort.InferenceSession:
+    """``ConstantOfShape(shape)`` with a zero of ``dtype`` on ``device``'s provider."""
+    onnx, helper = _onnx("zeroing buffers on a device")
+    zero = onnx.numpy_helper.from_array(np.zeros(1, np.dtype(dtype)))
+    elem = zero.data_type
+    node = helper.make_node("ConstantOfShape", ["shape"], ["out"], value=zero)
+    graph = helper.make_graph(
+        [node],
+        "zeros",
+        [helper.make_tensor_value_info("shape", onnx.TensorProto.INT64, [None])],
+        [helper.make_tensor_value_info("out", elem, None)],
+    )
+    return _session(device, graph)
+
+
 def _onnx(purpose: str):
     try:
         import onnx  # only device execution needs it
+        import onnx.numpy_helper
         from onnx import helper
     except ImportError:  # pragma: no cover - the gpu extra installs it
         raise UnsupportedError(f"{purpose} needs the onnx package (pip install onnx)") from None

@@ -60,8 +60,13 @@ def test_a_35_second_clip_is_transcribed_whole(
     (transcript,) = transcribe_clips(processor, model.new_generator, [("clip", path)], PROMPT)
     text = transcript.text
     flat = " ".join(_words(text))
-    for phrase in ("fellow americans", "ask not what your country can do for you",
-                   "ask what you can do for your country"):  # fmt: skip
+    # Each copy is there once; single words may differ by CPU (int4 kernels round per CPU: an
+    # Intel Xeon hears "ask not why", "asked", "ask, knock"), which the error rate below bounds.
+    for phrase in (
+        "fellow americans",
+        "your country can do for you",
+        "you can do for your country",
+    ):
         assert flat.count(phrase) == 3, (phrase, text)
     assert word_error_rate(" ".join([jfk_text] * 3), text) <= 0.05, text
     assert transcript.duration == pytest.approx(35.0, abs=0.01)
@@ -70,4 +75,5 @@ def test_a_35_second_clip_is_transcribed_whole(
     # Each segment's words are where the audio says them: the third "fellow Americans" is
     # decoded from the third copy (starting at 24 s), not from a repeat of an earlier window.
     last = [s for s in transcript.segments if "fellow" in s.text][-1]
-    assert 23.5 <= last.start <= 25.0
+    # (the second copy ends at 23 s; timestamps may open inside the 1 s gap before the third)
+    assert 23.0 <= last.start <= 25.0
