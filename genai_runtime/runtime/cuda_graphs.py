@@ -24,7 +24,7 @@ from .plan import RECURRENT_ROLES, StagePlan
 from .stage import BoundStage, alloc_outputs
 
 
-class Executor(Protocol):
+class GraphHost(Protocol):
     """What graph setup reads and writes of an executor."""
 
     stages: list[BoundStage]
@@ -72,13 +72,12 @@ def graph_obstacle(
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class CudaGraphs:
-    graph_id: int
-    note: str  # what ``explain`` says
+    graph_id: int  # the ``gpu_graph_id`` this executor's decode steps capture under
 
     @classmethod
-    def setup(cls, executor: Executor, static_mask: bool) -> CudaGraphs | None:
+    def setup(cls, executor: GraphHost, static_mask: bool) -> CudaGraphs | None:
         """Graph replay for this executor's decode steps when their sessions ask for it and
         nothing stops it; the reason otherwise (``executor.graph_note``). Sessions with the
         option on run every uncaptured pass with ``gpu_graph_id`` -1."""
@@ -103,11 +102,12 @@ class CudaGraphs:
             options = ort.RunOptions()
             options.add_run_config_entry("gpu_graph_id", str(graph_id))
             stage.bound.graph_options = options
-        note = f"on: decode steps captured once and replayed (gpu_graph_id {graph_id})"
-        executor.graph_note = note
-        return cls(graph_id, note)
+        executor.graph_note = (
+            f"on: decode steps captured once and replayed (gpu_graph_id {graph_id})"
+        )
+        return cls(graph_id)
 
-    def failed(self, executor: Executor, error: Exception) -> None:
+    def failed(self, executor: GraphHost, error: Exception) -> None:
         """A capture or replay that onnxruntime refused: decode uncaptured from now on."""
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         executor.graph_note = f"off: capture failed ({reason}); decoding uncaptured"

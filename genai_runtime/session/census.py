@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass
@@ -49,9 +50,12 @@ def downloaded(nbytes: int) -> None:
     COUNTS.device_to_host_bytes += nbytes
 
 
-def ran(seconds: float) -> None:
+def run(call: Callable[..., Any], *args: Any) -> None:
+    """``call(*args)``, one session run on a device, counted with its wall time."""
+    start = time.perf_counter()
+    call(*args)
     COUNTS.session_runs += 1
-    COUNTS.run_seconds += seconds
+    COUNTS.run_seconds += time.perf_counter() - start
 
 
 @dataclass
