@@ -120,10 +120,10 @@ class ShareBufferCache:
         self._epoch += 1
 
     def _reserve_on_device(self, shape: tuple[int, ...], count: int, capacity: int) -> None:
-        values = [self.device.zeros(shape, self.layout.dtype) for _ in range(count)]
         if self._values and self.length:  # grown past max_length: keep what is held
-            values = self._device_splice(self._values, np.arange(self.length), capacity)
-        self._values = values
+            self._values = self._device_splice(self._values, np.arange(self.length), capacity)
+        else:
+            self._values = [self.device.zeros(shape, self.layout.dtype) for _ in range(count)]
         self._capacity = capacity
         self._epoch += 1
 
