@@ -12,6 +12,7 @@ tokens (a system prompt, a chat that goes on) reuses that prefix instead of pref
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 
 from ..adapters import Adapters
 from ..errors import ModelError
@@ -101,7 +102,9 @@ class BatchedSlots:
     attention_mask and (optionally) position_ids, with a share-buffer (GroupQueryAttention)
     cache that writes each row's new key/value at that row's own length (``seqlens_k`` from the
     attention mask), so rows of different lengths decode together. ``supports`` says whether a
-    model has that shape; the engine falls back to ``InterleavedSlots`` otherwise.
+    model has that shape; the engine falls back to ``InterleavedSlots`` otherwise. On a device
+    the buffers are device tensors whose rows are bound by address, and the decode mask spans
+    the whole buffer, so a step allocates nothing there.
     """
 
     kind = "batched"
@@ -123,9 +126,6 @@ class BatchedSlots:
             return "the decoder needs wired or user inputs, or has no attention_mask"
         if stage.logits is None or plan.vocab_size is None:
             return "the decoder's logits or vocabulary size are unknown"
-        device = Device.of(model.sessions[stage.name])
-        if not device.host:
-            return f"the decoder runs on {device} and batched rows keep their cache in host memory"
         return None
 
     def __init__(self, model: Model, num_slots: int, max_length: int, *, min_rows: int = 2):
@@ -146,6 +146,9 @@ class BatchedSlots:
         self._mask_feed = feeds["attention_mask"]
         self._pos_feed = feeds.get("position_ids")
         session = model.sessions[stage.name]
+        # On a device the rows' keys/values are device tensors, each batch's rows bound by
+        # address; the host arrays below then hold only the per-step inputs.
+        self._device = Device.of(session)
         options = run_options(dict(stage.session.options.run_options))
         # Two bindings over the same session: a batch-1 prefill and the all-rows decode.
         self._prefill = BoundSession(stage.name, session, stage.io, options)
@@ -169,13 +172,18 @@ class BatchedSlots:
         ]
         self._lengths = np.zeros(num_slots, np.int64)  # tokens held per row
         self._capacity = 0
-        self._arrays: list[np.ndarray] = []
+        self._arrays: list[np.ndarray] = []  # on the host
+        self._values: list[ort.OrtValue] = []  # on a device
         self._reserve(min(GROWTH_TOKENS, max_length))
         mask_dtype = self._mask_feed.info.dtype
         self._mask = np.zeros(num_slots * max_length, mask_dtype)  # [rows, total], contiguous
         self._ids = np.zeros((num_slots, 1), self._ids_feed.info.dtype)
         self._pos = np.zeros((num_slots, 1), self._pos_feed.info.dtype) if self._pos_feed else None
         self._logits = np.empty((num_slots, self._vocab), self._logits_dtype)
+        if not self._device.host:
+            shape = (num_slots, 1, self._vocab) if self._logits_rank == 3 else (
+                num_slots, self._vocab)  # fmt: skip
+            self._logits_value = self._device.empty(shape, self._logits_dtype)
 
     def _reserve(self, needed: int) -> None:
         if needed <= self._capacity:
@@ -184,6 +192,16 @@ class BatchedSlots:
             raise ModelError(f"{needed} tokens exceed the server's context {self.max_length}")
         capacity = min(self.max_length, -(-needed // GROWTH_TOKENS) * GROWTH_TOKENS)
         shape = self._layout.shape(self.num_slots, capacity)
+        self._decode_rows = (0, 0)  # the decode binding must point at the new buffers
+        if not self._device.host:
+            if self._values:  # positions held first; the rest is never read before written
+                index = np.zeros(capacity, np.int64)
+                index[: self._capacity] = np.arange(self._capacity)
+                self._values = self._device.take_many(self._values, index, axis=2)
+            else:
+                self._values = self._device.zeros(shape, self._layout.dtype, len(self._names))
+            self._capacity = capacity
+            return
         arrays = []
         for i in range(len(self._names)):
             array = np.zeros(shape, self._layout.dtype)
@@ -192,7 +210,6 @@ class BatchedSlots:
             arrays.append(array)
         self._arrays = arrays
         self._capacity = capacity
-        self._decode_rows = (0, 0)  # the decode binding must point at the new buffers
 
     def prefill(
         self, slot: int, tokens: np.ndarray, start: int, adapter: str | None = None
@@ -210,6 +227,14 @@ class BatchedSlots:
         if self._pos_feed is not None:
             pos = np.arange(start, start + n, dtype=self._pos_feed.info.dtype).reshape(1, n)
             b.bind_array(self._pos_feed.name, pos)
+        if not self._device.host:
+            self._bind_kv(b, slot, slot + 1)
+            b.bind_output_alloc(self._logits_name)
+            b.run()
+            self._lengths[slot] = start + n
+            logits = self._device.download(b.output(self._logits_name))
+            last = logits[0, -1] if self._logits_rank == 3 else logits[0]
+            return last.astype(np.float32)
         for (past, present), array in zip(self._names, self._arrays):
             row = array[slot : slot + 1]  # a contiguous [1, H, capacity, D] view of this row
             b.bind_array(past, row)
@@ -237,15 +262,19 @@ class BatchedSlots:
         self._ids[lo:hi, 0] = 0
         self._ids[slots, 0] = tokens
         lengths = self._lengths[lo:hi]
-        total = int(lengths.max()) + 1
+        # On a device the mask spans the whole buffer (zeros past each row's length), so its
+        # shape holds from step to step and its device tensor is updated in place.
+        total = int(lengths.max()) + 1 if self._device.host else self._capacity
         mask = self._mask[: n * total].reshape(n, total)
         np.less_equal(np.arange(total)[None, :], lengths[:, None], out=mask, casting="unsafe")
         b = self._decode
-        b.bind_array(self._ids_feed.name, self._ids[lo:hi])
-        b.bind_array(self._mask_feed.name, mask)
+        b.feed(self._ids_feed.name, self._ids[lo:hi])
+        b.feed(self._mask_feed.name, mask)
         if self._pos_feed is not None:
             self._pos[lo:hi, 0] = lengths
-            b.bind_array(self._pos_feed.name, self._pos[lo:hi])
+            b.feed(self._pos_feed.name, self._pos[lo:hi])
+        if not self._device.host:
+            return self._decode_on_device(b, slots, lo, hi)
         if self._decode_rows != (lo, hi):
             for (past, present), array in zip(self._names, self._arrays):
                 b.bind_array(past, array[lo:hi])
@@ -256,6 +285,23 @@ class BatchedSlots:
         b.run()
         self._lengths[slots] += 1
         return self._logits[slots].astype(np.float32)
+
+    def _decode_on_device(self, b: BoundSession, slots: list[int], lo: int, hi: int) -> np.ndarray:
+        if self._decode_rows != (lo, hi):
+            self._bind_kv(b, lo, hi)
+            b.bind_rows(self._logits_name, self._logits_value, lo, hi, self._logits_dtype, True)
+            self._decode_rows = (lo, hi)
+        b.run()
+        self._lengths[slots] += 1
+        logits = self._device.download(self._logits_value).reshape(self.num_slots, self._vocab)
+        return logits[slots].astype(np.float32)
+
+    def _bind_kv(self, b: BoundSession, lo: int, hi: int) -> None:
+        """Rows ``lo:hi`` of every device KV tensor, as past and present at once."""
+        dtype = self._layout.dtype
+        for (past, present), value in zip(self._names, self._values):
+            b.bind_rows(past, value, lo, hi, dtype, False)
+            b.bind_rows(present, value, lo, hi, dtype, True)
 
     def rewind(self, slot: int, length: int) -> None:
         """Keep only the row's first ``length`` tokens (later ones get overwritten)."""

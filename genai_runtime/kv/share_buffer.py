@@ -123,7 +123,7 @@ class ShareBufferCache:
         if self._values and self.length:  # grown past max_length: keep what is held
             self._values = self._device_splice(self._values, np.arange(self.length), capacity)
         else:
-            self._values = [self.device.zeros(shape, self.layout.dtype) for _ in range(count)]
+            self._values = self.device.zeros(shape, self.layout.dtype, count)
         self._capacity = capacity
         self._epoch += 1
 

@@ -104,6 +104,24 @@ class BoundSession:
         self._staged_bound.pop(name, None)
         self.binding.bind_ortvalue_input(name, value)
 
+    def bind_rows(
+        self, name: str, value: ort.OrtValue, lo: int, hi: int, dtype: np.dtype, output: bool
+    ) -> None:
+        """Rows ``lo:hi`` (axis 0) of a ``dtype`` tensor on the session's device, bound by
+        address: a batch's rows of one buffer read or written in place, nothing copied."""
+        shape = value.shape()
+        row = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(dtype).itemsize
+        pointer, shape = value.data_ptr() + lo * row, [hi - lo, *shape[1:]]
+        kind, index = self.device.kind, self.device.id
+        if output:
+            self._index(name)
+            self.binding.bind_output(name, kind, index, dtype, shape, pointer)
+            return
+        self._fed.pop(name, None)
+        self._same.pop(name, None)
+        self._staged_bound.pop(name, None)
+        self.binding.bind_input(name, kind, index, dtype, shape, pointer)
+
     def bind_output_array(self, name: str, array: np.ndarray) -> None:
         self._index(name)
         pointer = array.__array_interface__["data"][0]

@@ -89,19 +89,21 @@ class Device:
             census.allocated()
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.kind, self.id)
 
-    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> ort.OrtValue:
-        """A zero-filled tensor on this device, written there (``ConstantOfShape``), so nothing
-        of its size crosses from the host. Attention kernels read whole tiles past a row's
-        length and mask them: stale memory there may hold NaN, which a mask does not cancel."""
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype, count: int) -> list[ort.OrtValue]:
+        """``count`` zero-filled tensors on this device, written there by one run of
+        ``ConstantOfShape`` nodes, so nothing of their size crosses from the host. Attention
+        kernels read whole tiles past a row's length and mask them: stale memory there may
+        hold NaN, which a mask does not cancel."""
         if self.host:
-            return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype))
-        session = _zeros_session(self, np.dtype(dtype).str)
+            return [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype)) for _ in range(count)]
+        session = _zeros_session(self, np.dtype(dtype).str, count)
         binding = session.io_binding()
         binding.bind_cpu_input("shape", np.asarray(shape, np.int64))
-        binding.bind_output("out", self.kind, self.id)
-        census.allocated()
+        for i in range(count):
+            binding.bind_output(f"out{i}", self.kind, self.id)
+        census.allocated(count)
         census.run(session.run_with_iobinding, binding)
-        return binding.get_outputs()[0]
+        return binding.get_outputs()
 
     def upload(self, array: np.ndarray) -> ort.OrtValue:
         """``array`` as a tensor on this device (on the host: the array's own memory). On a
@@ -229,17 +231,19 @@ def argmax_session(device: Device, data_type: str, rank: int) -> ort.InferenceSe
 
 
 @functools.lru_cache(maxsize=8)
-def _zeros_session(device: Device, dtype: str) -> ort.InferenceSession:
-    """``ConstantOfShape(shape)`` with a zero of ``dtype`` on ``device``'s provider."""
+def _zeros_session(device: Device, dtype: str, count: int) -> ort.InferenceSession:
+    """``count`` ``ConstantOfShape(shape)`` nodes with a zero of ``dtype`` on ``device``."""
     onnx, helper = _onnx("zeroing buffers on a device")
     zero = onnx.numpy_helper.from_array(np.zeros(1, np.dtype(dtype)))
-    elem = zero.data_type
-    node = helper.make_node("ConstantOfShape", ["shape"], ["out"], value=zero)
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], [f"out{i}"], value=zero)
+        for i in range(count)
+    ]
     graph = helper.make_graph(
-        [node],
+        nodes,
         "zeros",
         [helper.make_tensor_value_info("shape", onnx.TensorProto.INT64, [None])],
-        [helper.make_tensor_value_info("out", elem, None)],
+        [helper.make_tensor_value_info(f"out{i}", zero.data_type, None) for i in range(count)],
     )
     return _session(device, graph)
 

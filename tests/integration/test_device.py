@@ -177,3 +177,96 @@ def test_device_names_parse() -> None:
     assert parse_device("CPU") == ("cpu", {})
     with pytest.raises(og.UnsupportedError, match="NAME:INDEX"):
         parse_device("cuda:one")
+
+
+def _slot_tokens(model: og.Model, which: list[int], steps: int, measured: int = 0):
+    """Greedy tokens of batched slots ``which`` (each prompt in its own row, decoded together);
+    the census of the last ``measured`` decode calls."""
+    from genai_runtime.batching.slots import BatchedSlots
+
+    prompts = [STORY, COLOURS, CODE, PROMPT]
+    slots = BatchedSlots(model, 4, 64)
+    out = {i: [int(np.argmax(slots.prefill(i, np.array(prompts[i]), 0)))] for i in which}
+    for _ in range(steps):
+        with measure() as m:
+            logits = slots.decode(which, np.array([out[i][-1] for i in which]))
+        for j, i in enumerate(which):
+            out[i].append(int(np.argmax(logits[j])))
+    return slots, out, m
+
+
+def test_batched_server_rows_on_a_device_run_in_one_pass_and_equal_the_host_rows(smollm2_dir):
+    """The server's batched backend on a (copy-on-bind) device: the rows' caches are device
+    tensors bound by address, 4 rows take one model run per step, nothing is allocated on a
+    step, and every row's tokens are the host backend's, together and alone."""
+    device, host = _model(smollm2_dir, COPY), _model(smollm2_dir)
+    slots, together, m = _slot_tokens(device, [0, 1, 2, 3], 10)
+    assert slots.kind == "batched" and not slots._device.host
+    assert m.census.session_runs == 1 and m.census.device_allocations == 0
+    assert together == _slot_tokens(host, [0, 1, 2, 3], 10)[1]
+    for i in range(4):
+        assert _slot_tokens(device, [i], 10)[1][i] == together[i]
+
+
+def test_batched_rows_on_a_device_keep_their_cache_when_it_grows(smollm2_2layers_dir):
+    """Past 256 tokens the rows' buffers grow (gathered on the device): tokens stay the host's."""
+    from genai_runtime.batching.slots import BatchedSlots
+
+    def run(model: og.Model) -> list[int]:
+        slots = BatchedSlots(model, 2, 300)
+        prompt = np.array((STORY * 26)[:250])
+        token = [int(np.argmax(slots.prefill(1, prompt, 0)))]
+        for _ in range(12):  # 250 + 12 > 256: the buffers grow to 300 on the way
+            token.append(int(np.argmax(slots.decode([1], np.array(token[-1:]))[0])))
+        assert slots._capacity == 300
+        return token
+
+    assert run(_model(smollm2_2layers_dir, COPY)) == run(_model(smollm2_2layers_dir))
+
+
+def _engine_texts(model: og.Model, prompts: list[list[int]], tokens: int):
+    """Greedy replies of the server's engine to ``prompts``, submitted together, and the
+    census of serving them (the engine's start left out)."""
+    import asyncio
+
+    from genai_runtime.server import engine_over
+    from genai_runtime.server.engine import Job
+    from genai_runtime.server.protocol import Sampling
+
+    engine = engine_over(model, max_active=4, max_queued=8, max_context=128)
+
+    async def collect(job: Job) -> str:
+        parts = []
+        while (event := await job.events.get())[0] == "delta":
+            parts.append(event[1])
+        assert event[0] == "done", event
+        return "".join(parts)
+
+    async def run() -> list[str]:
+        loop, jobs = asyncio.get_running_loop(), []
+        for ids in prompts:
+            s = Sampling(max_tokens=tokens, temperature=0.0)
+            job = Job(prompt=np.array(ids, np.int64), sampling=s, max_tokens=tokens,
+                      deadline=loop.time() + 300, loop=loop, events=asyncio.Queue(),
+                      picker=engine.picker(s))  # fmt: skip
+            jobs.append(job)
+            engine.submit(job)
+        return await asyncio.gather(*(collect(j) for j in jobs))
+
+    try:
+        assert engine.slots.kind == "batched"
+        with measure() as m:
+            texts = asyncio.run(run())
+        return texts, m.census
+    finally:
+        engine.stop()
+
+
+def test_the_server_engine_decodes_4_device_streams_together_each_as_alone(smollm2_dir):
+    model = _model(smollm2_dir, COPY)
+    prompts = [STORY, COLOURS, CODE, STORY[:4]]
+    together, census = _engine_texts(model, prompts, 12)
+    # 4 prefills, then one pass per step for all 4 streams (alone they would take 4 x 11).
+    assert census.session_runs == 4 + 11
+    for prompt, text in zip(prompts, together):
+        assert text and _engine_texts(model, [prompt], 12)[0] == [text]
