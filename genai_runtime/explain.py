@@ -247,7 +247,7 @@ def _kv(pipeline: LoadedPipeline) -> dict[str, Any] | None:
         out["kind"], out["reason"] = kv_plan.kind, kv_plan.reason
         out["device_obstacle"] = device_obstacle(kv_plan.kind, device)
         if not device.host:
-            static_mask = getattr(CACHE_KINDS.get(kv_plan.kind), "static_mask", False)
+            static_mask = CACHE_KINDS[kv_plan.kind].static_mask
             obstacle = graph_obstacle(
                 list(pipeline.plan.stages), pipeline.sessions, kv_plan.kind, static_mask
             )

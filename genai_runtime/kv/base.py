@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import numpy as np
 
+from ..errors import UnsupportedError
+
 if TYPE_CHECKING:
     from onnxruntime import OrtValue
 
@@ -115,9 +117,20 @@ class PreallocatedBuffers:
 
 
 class KVCache(Protocol):
-    """One cache layout. ``length`` counts tokens whose keys/values the cache holds."""
+    """One cache layout. ``length`` counts tokens whose keys/values the cache holds.
+
+    What a kind can do is declared (``KVCacheBase`` holds the defaults), never probed: the
+    planner, the executor, speculation and ``explain`` read these and nothing else.
+    """
 
     kind: ClassVar[str]
+    formats: ClassVar[tuple[str, ...]]  # the layouts (``KVLayout.format``) the kind holds
+    on_device: ClassVar[bool]  # keeps its buffers on the session's device
+    uses_positions: ClassVar[bool]  # built from the row positions (scatter-style writes)
+    static_mask: ClassVar[bool]  # on a device, decode may feed the whole [B, max_length] mask
+    can_rewind: ClassVar[bool]  # rewind_to any length it held (no eviction): speculation
+    can_compact: ClassVar[bool]  # compact (keep one path of a token tree)
+    chunk: int | None  # a fixed-shape kind: the tokens each pass takes; None otherwise
     layout: KVLayout
     length: int
 
@@ -138,5 +151,25 @@ class KVCache(Protocol):
 
     def reorder(self, rows: np.ndarray) -> None:
         """Batch row i takes old row ``rows[i]`` (beam search). Rows move only among rows with
-        the same positions (one prompt's beams). A kind that cannot leaves it out: the executor
-        then refuses beam search naming the kind."""
+        the same positions (one prompt's beams)."""
+
+    def compact(self, start: int, keep: np.ndarray) -> None:
+        """Keep the positions before ``start`` and those at ``keep`` (in order), moved to
+        consecutive positions (token trees); only kinds that declare ``can_compact``."""
+
+
+class KVCacheBase:
+    """The capability defaults of ``KVCache``: the least a kind can do. A kind subclasses this
+    and declares what it adds."""
+
+    kind: ClassVar[str]
+    formats: ClassVar[tuple[str, ...]] = ("separate",)
+    on_device: ClassVar[bool] = False
+    uses_positions: ClassVar[bool] = False
+    static_mask: ClassVar[bool] = False
+    can_rewind: ClassVar[bool] = True
+    can_compact: ClassVar[bool] = False
+    chunk: int | None = None
+
+    def compact(self, start: int, keep: np.ndarray) -> None:
+        raise UnsupportedError(f"a {self.kind} cache cannot keep one path of a token tree")

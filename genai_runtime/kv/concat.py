@@ -11,12 +11,14 @@ import numpy as np
 
 from ..session.bound import BoundSession
 from ..session.device import HOST, Device
-from .base import KVLayout
+from .base import KVCacheBase, KVLayout
 
 
-class ConcatCache:
+class ConcatCache(KVCacheBase):
     kind: ClassVar[str] = "concat"
+    formats: ClassVar[tuple[str, ...]] = ("separate", "combined")
     on_device: ClassVar[bool] = True
+    can_compact: ClassVar[bool] = True
 
     def __init__(self, layout: KVLayout, batch_size: int, max_length: int, device: Device = HOST):
         self.layout = layout

@@ -8,16 +8,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import UnsupportedError
 from ..session.bound import BoundSession
-from .base import KVCache
+from .base import KVCache, KVCacheBase
 from .static_scatter import RowDrivers
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
 
 
-class DriverFed:
+class DriverFed(KVCacheBase):
+    """Feeds the drivers around the wrapped cache. It declares the defaults: compacting would
+    need the drivers re-fed per kept path, so token trees verify a linear branch instead."""
+
     def __init__(self, inner: KVCache, batch_size: int, positions: PositionState):
         self.inner = inner
         self.kind = inner.kind
@@ -48,7 +50,4 @@ class DriverFed:
         self.inner.rewind_to(length)
 
     def reorder(self, rows: np.ndarray) -> None:
-        reorder = getattr(self.inner, "reorder", None)
-        if reorder is None:
-            raise UnsupportedError(f"a {self.kind} cache cannot reorder its rows (beam search)")
-        reorder(rows)
+        self.inner.reorder(rows)

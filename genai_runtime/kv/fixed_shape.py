@@ -27,13 +27,13 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..session.bound import BoundSession
-from .base import KVLayout, PreallocatedBuffers, move_rows
+from .base import KVCacheBase, KVLayout, PreallocatedBuffers, move_rows
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
 
 
-class _FixedShapeCache(PreallocatedBuffers):
+class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
     kind: ClassVar[str]
     uses_positions: ClassVar[bool] = True
     left_padded: ClassVar[bool]  # where padding goes inside a chunk
@@ -160,6 +160,8 @@ class StaticIndexCopyCache(_FixedShapeCache):
 
 class StaticFifoCache(_FixedShapeCache):
     kind: ClassVar[str] = "static-fifo"
+    # The FIFO drops its oldest rows: a rewind past them fails, so no speculation.
+    can_rewind: ClassVar[bool] = False
     left_padded: ClassVar[bool] = True
 
     @property

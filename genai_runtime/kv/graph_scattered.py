@@ -14,7 +14,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..session.bound import BoundSession
-from .base import KVLayout, PreallocatedBuffers, bind_in_place, move_rows
+from .base import KVCacheBase, KVLayout, PreallocatedBuffers, bind_in_place, move_rows
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 PAD_POSITION = -1
 
 
-class GraphScatteredCache(PreallocatedBuffers):
+class GraphScatteredCache(PreallocatedBuffers, KVCacheBase):
     kind: ClassVar[str] = "graph-scattered"
     uses_positions: ClassVar[bool] = True
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError, ConfigProblem, ModelError, UnsupportedError
 from ..session.device import HOST, Device
 from ..spec import KVCacheSpec
-from .base import KVCache, KVLayout
+from .base import KVCache, KVCacheBase, KVLayout
 from .concat import ConcatCache
 from .drivers import DriverFed
 from .fixed_shape import StaticFifoCache, StaticIndexCopyCache
@@ -24,7 +24,7 @@ from .static_scatter import StaticScatterCache
 if TYPE_CHECKING:
     from ..session.positions import PositionState
 
-CACHE_KINDS: dict[str, type] = {
+CACHE_KINDS: dict[str, type[KVCacheBase]] = {
     "concat": ConcatCache,
     "share-buffer": ShareBufferCache,
     "static-scatter": StaticScatterCache,
@@ -32,16 +32,6 @@ CACHE_KINDS: dict[str, type] = {
     "graph-scattered": GraphScatteredCache,
     "static-index-copy": StaticIndexCopyCache,
     "static-fifo": StaticFifoCache,
-}
-# The layout each kind can hold (what "kind" may force on a graph).
-_KIND_FORMATS = {
-    "concat": ("separate", "combined"),
-    "share-buffer": ("separate",),
-    "static-scatter": ("scatter",),
-    "sliding-window": ("separate",),
-    "graph-scattered": ("separate",),
-    "static-index-copy": ("separate",),
-    "static-fifo": ("separate",),
 }
 
 
@@ -62,8 +52,8 @@ def plan_cache(layout: KVLayout, kv: KVCacheSpec, share_buffer: bool) -> KVPlan:
                 [ConfigProblem("pipeline.state.kv_cache.kind",
                                f"unknown cache kind {kv.kind!r} (expected one of: auto, {valid})")]
             )  # fmt: skip
-        formats = _KIND_FORMATS.get(kv.kind)
-        if formats and layout.format not in formats:
+        formats = CACHE_KINDS[kv.kind].formats
+        if layout.format not in formats:
             raise ConfigError(
                 [ConfigProblem("pipeline.state.kv_cache.kind",
                                f"{kv.kind} needs {' or '.join(formats)} caches; "
@@ -156,9 +146,9 @@ def _auto_plan(layout: KVLayout, share_buffer: bool) -> KVPlan:
 
 def device_obstacle(kind: str, device: Device) -> str | None:
     """Why a cache of ``kind`` cannot hold its keys/values on ``device`` (None: it can)."""
-    if device.host or getattr(CACHE_KINDS.get(kind), "on_device", False):
+    if device.host or CACHE_KINDS[kind].on_device:
         return None
-    able = ", ".join(k for k, c in CACHE_KINDS.items() if getattr(c, "on_device", False))
+    able = ", ".join(k for k, c in CACHE_KINDS.items() if c.on_device)
     return (
         f"a {kind} cache moves its keys/values with host code, so it cannot live on {device} "
         f"(kinds that run on a device: {able}); run this model on the CPU provider"
@@ -182,9 +172,9 @@ def make_cache(
     if why is not None:
         raise UnsupportedError(f"{layout.file}: {why}")
     cls = CACHE_KINDS[plan.kind]
-    if getattr(cls, "uses_positions", False):
+    if cls.uses_positions:
         return cls(layout, batch_size, max_length, positions=positions)
-    if getattr(cls, "on_device", False):
+    if cls.on_device:
         cache = cls(layout, batch_size, max_length, device=device)
     else:
         cache = cls(layout, batch_size, max_length)

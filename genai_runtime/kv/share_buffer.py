@@ -29,7 +29,7 @@ import onnxruntime as ort
 
 from ..session.bound import BoundSession
 from ..session.device import HOST, Device
-from .base import KVLayout, bind_in_place, move_rows
+from .base import KVCacheBase, KVLayout, bind_in_place, move_rows
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -61,12 +61,13 @@ def _keep_spare(key: tuple, arrays: list[np.ndarray]) -> None:
         _spare = (key, arrays)
 
 
-class ShareBufferCache:
+class ShareBufferCache(KVCacheBase):
     kind: ClassVar[str] = "share-buffer"
     on_device: ClassVar[bool] = True
     # Decode steps may feed the whole [B, max_length] mask: GroupQueryAttention takes each row's
     # length from the mask's sum and writes into the max_length buffers, so its width is free.
     static_mask: ClassVar[bool] = True
+    can_compact: ClassVar[bool] = True
 
     def __init__(self, layout: KVLayout, batch_size: int, max_length: int, device: Device = HOST):
         if layout.format != "separate":

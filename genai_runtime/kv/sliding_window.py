@@ -17,14 +17,16 @@ import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..session.bound import BoundSession
-from .base import KVLayout, bind_in_place, move_rows
+from .base import KVCacheBase, KVLayout, bind_in_place, move_rows
 from .share_buffer import ShareBufferCache
 
 DEFAULT_SLACK = 16  # the reference's CPU default when cache_slack is 0
 
 
-class SlidingWindowCache:
+class SlidingWindowCache(KVCacheBase):
     kind: ClassVar[str] = "sliding-window"
+    # Windowed layers evict: a rewind past what they dropped fails, so no speculation.
+    can_rewind: ClassVar[bool] = False
 
     def __init__(self, layout: KVLayout, batch_size: int, max_length: int):
         if layout.format != "separate" or not layout.window:

@@ -13,7 +13,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
 from ..session.bound import BoundSession
-from .base import KVLayout, PreallocatedBuffers, bind_in_place, move_rows
+from .base import KVCacheBase, KVLayout, PreallocatedBuffers, bind_in_place, move_rows
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -44,8 +44,9 @@ class RowDrivers:
                 stage.feed(self.names[role], array)
 
 
-class StaticScatterCache(PreallocatedBuffers):
+class StaticScatterCache(PreallocatedBuffers, KVCacheBase):
     kind: ClassVar[str] = "static-scatter"
+    formats: ClassVar[tuple[str, ...]] = ("scatter",)
     uses_positions: ClassVar[bool] = True
 
     def __init__(

@@ -138,14 +138,15 @@ class Executor:
         self._fixed: FixedShapePass | None = None
         self._fixed_rows = np.zeros((batch_size, 0), np.float32)
         self._tree: TreePass | None = None  # set during a token-tree pass
-        if getattr(self.cache, "chunk", None):
+        if self.cache is not None and self.cache.chunk:
             self._fixed = FixedShapePass(
                 self.stages, self._logits_stage, self.cache, self.positions, self.logits,
                 self.user_inputs,
             )  # fmt: skip
         # On a device, a cache that declares it lets decode steps feed the whole [B, max_length]
         # mask: every step input keeps its shape, so none is reallocated (and a graph replays).
-        self._static_mask = not self.device.host and getattr(self.cache, "static_mask", False)
+        cache = self.cache
+        self._static_mask = not self.device.host and cache is not None and cache.static_mask
         self.graph_note = "off (host execution)"
         self.graph = None if self.device.host else CudaGraphs.setup(self, self._static_mask)
 
@@ -159,7 +160,7 @@ class Executor:
         return (
             self.batch_size == 1
             and self._fixed is None
-            and tree_obstacle(self.plan, hasattr(self.cache, "compact")) is None
+            and tree_obstacle(self.plan, self.cache is not None and self.cache.can_compact) is None
         )
 
     @property
@@ -323,12 +324,11 @@ class Executor:
     def reorder_rows(self, rows: np.ndarray) -> None:
         """Cache row i takes old row ``rows[i]`` (beam search: among one prompt's rows, which
         share positions and cross-attention inputs)."""
-        reorder = getattr(self.cache, "reorder", None)
-        if self._recurrent or (self.cache is not None and reorder is None):
-            held = ", ".join(self._recurrent) or f"a {self.cache.kind} cache"
+        if self._recurrent:
+            held = ", ".join(self._recurrent)
             raise UnsupportedError(f"beam search cannot reorder the rows of {held}")
-        if reorder is not None:
-            reorder(rows)
+        if self.cache is not None:
+            self.cache.reorder(rows)
 
     def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
@@ -519,10 +519,7 @@ class Executor:
     def keep(self, start: int, offsets: np.ndarray) -> None:
         """After a tree pass: keep the tokens before ``start`` and those at ``start + offsets``
         (one path, in order), moved to consecutive positions; forget the rest."""
-        compact = getattr(self.cache, "compact", None)
-        if compact is None:
-            raise UnsupportedError(f"a {self.cache.kind} cache cannot keep one path of a tree")
-        compact(start, start + np.asarray(offsets, np.int64))
+        self.cache.compact(start, start + np.asarray(offsets, np.int64))
         self.positions.straighten(start, start + len(offsets))
         self._final_done = False
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError, ModelError
-from ..kv import CACHE_KINDS
+from ..kv import CACHE_KINDS, KVLayout, plan_cache
 from ..runtime.plan import Plan
 from ..spec import PipelineSpec
 
@@ -22,12 +22,12 @@ def check_target(spec: PipelineSpec, plan: Plan) -> None:
         raise ModelError(
             f"{plan_files(plan)}: the target declares no KV cache; speculative decoding rewinds it"
         )
-    check_rewind(spec, "")
     if plan.layout.new_rows:
         raise ModelError(
             f"{plan_files(plan)}: the target runs fixed chunks of {plan.layout.new_rows} tokens "
             "(a fixed-shape cache), so a verification pass cannot score every drafted token"
         )
+    check_rewind(spec, plan.layout, "")
     logits = next(s.logits for s in plan.stages if s.logits is not None)
     if logits.rank != 3:
         raise ModelError(
@@ -49,7 +49,9 @@ def check_target(spec: PipelineSpec, plan: Plan) -> None:
         )
 
 
-def check_rewind(spec: PipelineSpec, who: str) -> None:
+def check_rewind(spec: PipelineSpec, layout: KVLayout, who: str) -> None:
+    """Refuse a cache that cannot rewind rejected drafts: one the config makes slide, or a
+    kind (named, or the one planned for ``layout``) that declares it cannot."""
     kv = spec.state.kv_cache
     if kv.sliding_window is not None and kv.sliding_window.slide_key_value_cache:
         raise ConfigError.at(
@@ -57,11 +59,11 @@ def check_rewind(spec: PipelineSpec, who: str) -> None:
             f"the {who}cache slides (evicts old tokens) and cannot rewind rejected drafts; "
             "speculative decoding needs a cache that rewinds",
         )
-    kind = kv.kind
-    cls = CACHE_KINDS.get(kind)
-    if cls is not None and not getattr(cls, "can_rewind", True):
+    kind = plan_cache(layout, kv, spec.generation.past_present_share_buffer).kind
+    if not CACHE_KINDS[kind].can_rewind:
         raise ConfigError.at(
             "pipeline.state.kv_cache.kind",
-            f"the {who}cache kind {kind!r} cannot rewind; speculative decoding needs one that "
-            f"can ({', '.join(k for k, c in CACHE_KINDS.items() if getattr(c, 'can_rewind', 1))})",
+            f"the {who}cache kind {kind!r}{' (chosen by auto)' if kv.kind == 'auto' else ''} "
+            "evicts and cannot rewind; speculative decoding needs one that "
+            f"can ({', '.join(k for k, c in CACHE_KINDS.items() if c.can_rewind)})",
         )

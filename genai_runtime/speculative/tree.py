@@ -33,7 +33,7 @@ def tree_plan(
     parsed = parse_tree(choices, where, k)
     plan = target.plan
     kind = target.kv_plan().kind
-    can_compact = hasattr(CACHE_KINDS.get(kind), "compact") and not plan.layout.drivers
+    can_compact = CACHE_KINDS[kind].can_compact and not plan.layout.drivers
     why = tree_obstacle(plan, can_compact)
     if why is None:
         note = (

@@ -13,6 +13,7 @@ import pytest
 
 import genai_runtime as og
 from genai_runtime.errors import ConfigError, GenerationError, ModelError
+from genai_runtime.kv import CACHE_KINDS
 from genai_runtime.kv.share_buffer import ShareBufferCache
 
 ATOL = 1e-4
@@ -509,3 +510,16 @@ def test_fixed_shape_second_turn_runs_in_chunks(tmp_path, w, layout) -> None:
     np.testing.assert_allclose(generator.get_logits()[0, 0], ref, atol=ATOL, rtol=0)
     generator.generate_next_token()
     assert generator.get_next_tokens().tolist() == [int(np.argmax(ref))]
+
+
+def test_speculation_refuses_a_cache_kind_that_cannot_rewind(tmp_path, w) -> None:
+    # The windowed layers evict, so rejected drafts could not be rewound past the window: the
+    # kind declares it, and check_rewind refuses the target though "auto" chose the kind.
+    folder = L.folder(tmp_path, "share-buffer", w, window=4, window_layers=[0], cache_slack=2)
+    doc = json.loads((folder / "genai_config.json").read_text())
+    doc["speculative"] = {"ngram_size": 3, "max_draft_tokens": 3}
+    (folder / "genai_config.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="'sliding-window' .chosen by auto. evicts and cannot"):
+        og.Model(folder)
+    cannot = {kind for kind, cls in CACHE_KINDS.items() if not cls.can_rewind}
+    assert cannot == {"sliding-window", "static-fifo"}  # the two that evict

@@ -225,3 +225,27 @@ def test_no_module_writes_another_objects_private_fields() -> None:
         if (hits := _private_writes(ast.parse(path.read_text(encoding="utf-8"))))
     }
     assert writes == {}
+
+
+CACHE_CAPABILITIES = frozenset(
+    {"chunk", "compact", "reorder", "on_device", "uses_positions", "static_mask", "formats"}
+    | {"can_rewind", "can_compact", "can_reorder"}
+)
+
+
+def test_cache_capabilities_are_declared_not_probed() -> None:
+    # KVCacheBase declares every capability with its default, so no getattr/hasattr with a
+    # capability's name may stand in for reading it.
+    probes = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in CACHE_CAPABILITIES
+            ):
+                probes.append(f"{module}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    assert not probes, probes

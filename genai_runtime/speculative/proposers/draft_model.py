@@ -117,7 +117,7 @@ class DraftModelSource:
                 f"{plan_files(plan)} has {plan.vocab_size}: they must share one vocabulary"
             )
         if dplan.layout is not None:
-            check_rewind(draft.spec, "draft ")
+            check_rewind(draft.spec, dplan.layout, "draft ")
         return cls(draft)
 
     def make(self, spec: SpeculativeSpec, setup: DriverSetup) -> DraftModelProposer:
