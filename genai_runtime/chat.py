@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .decoding.stopping import StopReason, StopRule
 from .errors import GenerationError, UnsupportedError
 from .generator import Generator, GeneratorParams
 from .model import Model
@@ -53,7 +54,7 @@ class ChatSession:
             raise UnsupportedError("a ChatSession streams one reply; beam search is not supported")
         self.generator = Generator(model, params)
         self.max_length: int = params.search.max_length
-        self._eos = {int(t) for t in model.spec.tokens.eos}
+        self._stop = StopRule(model.spec.tokens.eos)
         self.messages: list[dict[str, str]] = self._initial_messages()
         self.last_prefill_tokens = 0  # tokens appended by the last turn's prompt pass
         self.last_reply_tokens: list[int] = []
@@ -133,8 +134,7 @@ class ChatSession:
         return self._reply(reply, self._turn)
 
     def _prompt_ids(self, messages: list[dict[str, str]]) -> np.ndarray:
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return np.asarray(self.tokenizer.encode_prompt(text), dtype=np.int64).reshape(-1)
+        return np.asarray(self.tokenizer.encode_chat(messages), dtype=np.int64).reshape(-1)
 
     def _append(self, ids: np.ndarray) -> int:
         """Append what the generator does not hold yet; returns how many tokens it kept."""
@@ -154,25 +154,29 @@ class ChatSession:
         finish = None
         # Stop if a newer turn (or a reset) has taken over the generator.
         while turn == self._turn:
-            if self.generator.is_done():
+            if self.generator.is_done():  # the conversation fills max_length already
                 finish = "context"
-                break
-            if self.max_new_tokens is not None and len(tokens) >= self.max_new_tokens:
-                finish = "length"
                 break
             self.generator.generate_next_token()
             token = int(self.generator.get_next_tokens()[0])
             tokens.append(token)
-            if token in self._eos:
-                finish = "stop"
-                break
-            chunk = stream.decode(token)
+            reason = self._stop.check(
+                token, generated=len(tokens), length=self.generator.token_count(),
+                budget=self.max_new_tokens, context=self.max_length,
+            )  # fmt: skip
+            chunk = "" if reason is StopReason.EOS else stream.decode(token)
             if chunk:
                 reply["content"] += chunk
                 yield chunk
+            if reason is not None:
+                finish = _FINISH[reason]
+                break
         if turn == self._turn:
             self.finish_reason = finish
             self._before_turn = None  # the turn is whole
+
+
+_FINISH = {StopReason.EOS: "stop", StopReason.BUDGET: "length", StopReason.CONTEXT: "context"}
 
 
 def _drop_oldest_turn(messages: list[dict[str, str]]) -> bool:

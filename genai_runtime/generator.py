@@ -20,6 +20,7 @@ from .checks import is_number
 from .decoding.beam import BeamScorer, check_beam_search
 from .decoding.chain import make_picker
 from .decoding.sampling import make_rng
+from .decoding.stopping import StopRule
 from .environment import LOG, log
 from .errors import GenaiRuntimeError, GenerationError, ModelError, UnsupportedError
 from .model import Model
@@ -131,9 +132,7 @@ class Generator:
         self.vocab_size = vocab
         self.pad_token_id = spec.tokens.pad if spec.tokens.pad is not None else 0
         self.eos_token_ids = np.array(spec.tokens.eos, dtype=np.int64)
-        # A vocabulary-sized lookup: one index per token instead of np.isin per step.
-        self._is_eos = np.zeros(max(vocab, *(int(e) + 1 for e in spec.tokens.eos), 1), bool)
-        self._is_eos[[e for e in spec.tokens.eos if e >= 0]] = True
+        self._stop = StopRule(spec.tokens.eos, vocab)
         pipeline = model.pipeline
         self.kv_plan = pipeline.kv_plan(search.past_present_share_buffer)
         # Built first: a bad chain or grammar fails before the executor allocates its buffers.
@@ -267,11 +266,12 @@ class Generator:
         """The one place a chosen token is handed out: EOS per row, max_length and "done".
         Returns whether the tokens were appended (the step that ends the last row is not); the
         caller runs the final stages once its books are square."""
-        hit = self._is_eos[tokens]
-        content_end = False
-        if complete is not None:
-            content_end = bool((complete & ~hit & ~self._eos_seen).any())
-            hit = hit | complete
+        hit = self._stop.rows_ended(tokens, complete)
+        # a finished grammar's last token is content: the step that ends the last row on it is
+        # appended, unlike an EOS
+        content_end = complete is not None and bool(
+            (self._stop.on_content(tokens, complete) & ~self._eos_seen).any()
+        )
         if hit.any():
             self._eos_seen |= hit
             self._any_eos = True
@@ -286,7 +286,7 @@ class Generator:
             return False
         self._seq[:, self._length] = tokens
         self._length += 1
-        self._done = all_ended or self._length >= self.max_length
+        self._done = all_ended or self._stop.fills(self._length, self.max_length)
         return True
 
     def _beam_step(self) -> None:
@@ -309,7 +309,7 @@ class Generator:
         # Logits set by hand skip a pass: unrun tokens follow their rows, then this step's.
         step = tokens[:, None]
         self._pending = step.copy() if self._pending is None else np.hstack([self._pending, step])
-        self._done = self._beams.is_done or self._length >= self.max_length
+        self._done = self._beams.is_done or self._stop.fills(self._length, self.max_length)
         if self._done:
             self._exec.finish()
 
@@ -339,7 +339,7 @@ class Generator:
             state = DecodeState(
                 self._seq[0], self._length,
                 None if self._logits is None else self._host_logits()[0],
-                self._exec, self._picker, self._rng, self._is_eos,
+                self._exec, self._picker, self._rng, self._stop,
             )  # fmt: skip
             self._queue.extend(self._driver.round(state))
             self._logits = None

@@ -137,7 +137,7 @@ class StepContext:
 
     @property
     def params(self) -> Mapping[str, Any]:
-        eos = tuple(int(t) for t in np.flatnonzero(self._state.is_eos))
+        eos = tuple(sorted(self._state.stop.eos))
         return {"max_length": self._state.max_length, "eos": eos}
 
     def append(self, tokens: Any) -> None:
@@ -181,9 +181,10 @@ class StepContext:
         self._head = None
 
     def is_done(self) -> bool:
-        if any(self._state.is_eos[t] for t in self.appended):
-            return True
-        return self.length >= self._state.max_length
+        stop = self._state.stop
+        if any(stop.check(t, generated=0, length=0) for t in self.appended):
+            return True  # an EOS: the controller's sequence has ended
+        return stop.fills(self.length, self._state.max_length)
 
 
 class ControllerDriver:

@@ -11,6 +11,7 @@ token-choice path), EOS ids from the model.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ from ..adapters import Adapters
 from ..decoding.chain import make_picker
 from ..decoding.picker import TokenPicker
 from ..decoding.processors import Processor
+from ..decoding.stopping import StopPolicy, StopReason, StopRule
 from ..model import Model
 from ..spec import GenerationSpec
 from .slots import BatchedSlots, InterleavedSlots
@@ -27,6 +29,8 @@ from .slots import BatchedSlots, InterleavedSlots
 log = logging.getLogger("genai_runtime.batching")
 
 _NO_HISTORY = np.zeros((1, 0), np.int64)
+# The context a server or batch runner gives a model when its caller names none.
+DEFAULT_MAX_CONTEXT = 2048
 
 
 class TokenHistory:
@@ -103,6 +107,7 @@ class DecodeCore:
     every row), else ``InterleavedSlots``; loaded LoRA ``adapters`` need interleaved slots (one
     batched call runs every row with the same tensors). ``min_rows`` is the fewest rows a
     batched decode call runs when the caller names no span (the server: 2, see ``BatchedSlots``).
+    ``stop_policy``: what the engine does with the stop rule's answers (``stops``).
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class DecodeCore:
         batched: bool | None = None,
         min_rows: int = 2,
         adapters: Adapters | None = None,
+        stop_policy: StopPolicy | None = None,
     ):
         self.model = model
         self.context = context
@@ -130,8 +136,9 @@ class DecodeCore:
             self.slots = BatchedSlots(model, num_slots, context, min_rows=min_rows)
         else:
             self.slots = InterleavedSlots(model, num_slots, context, adapters, min_rows=min_rows)
-        self.eos = frozenset(int(t) for t in model.spec.tokens.eos)
         self.vocab_size = model.vocab_size
+        self.stops = StopRule(model.spec.tokens.eos, self.vocab_size or 0, stop_policy)
+        self.eos = self.stops.eos
 
     def picker(
         self,
@@ -190,3 +197,25 @@ class DecodeCore:
         complete = picker.commit(np.array([token], np.int32))
         complete = complete is not None and bool(complete[0])
         return Choice(token, complete, logits[0] if keep_logits else None)
+
+    def stop_after(
+        self,
+        row: Row,
+        token: int,
+        *,
+        generated: int,
+        budget: int | None,
+        context: int,
+        complete: bool = False,
+        stop_string: Callable[[], bool] | None = None,
+    ) -> StopReason | None:
+        """The stop rule's answer for ``row`` after its chosen ``token`` (``generated`` counts
+        it). The token joins the row's history unless it is an EOS the engine's policy keeps
+        out of the output."""
+        reason = self.stops.check(
+            token, generated=generated, length=len(row.history) + 1, budget=budget,
+            context=context, complete=complete, stop_string=stop_string,
+        )  # fmt: skip
+        if reason is not StopReason.EOS or self.stops.policy.eos_is_output:
+            row.history.append(token)
+        return reason

@@ -27,6 +27,7 @@ import numpy as np
 from ..decoding.picker import TokenPicker
 from ..decoding.processors import MinNewTokens
 from ..decoding.sampling import make_rng
+from ..decoding.stopping import StopPolicy, StopReason
 from ..model import Model
 from ..tokenizer import Tokenizer
 from .core import DecodeCore, Row, TokenHistory
@@ -79,6 +80,16 @@ _SPECULATIVE_STATS = [
     "partial_accept_rounds",
     "zero_accept_rounds",
 ]
+
+
+# The reference's Engine: an EOS is never one of a turn's tokens, and a finished grammar's
+# turn ends on the EOS the grammar forces next.
+_STOP_POLICY = StopPolicy(eos_is_output=False, grammar_ends_row=False)
+_FINISH = {
+    StopReason.STOP_STRING: FinishReason.STOP_STRING,
+    StopReason.BUDGET: FinishReason.MAX_GENERATED_TOKENS,
+    StopReason.CONTEXT: FinishReason.MAX_SESSION_TOKENS,
+}
 
 
 class _Turn:
@@ -170,8 +181,9 @@ class Engine:
         self._search = search
         self._max_length = search.max_length
         self._core = DecodeCore(
-            model, num_slots=MAX_BATCH, context=max(1, search.max_length), min_rows=1
-        )
+            model, num_slots=MAX_BATCH, context=max(1, search.max_length), min_rows=1,
+            stop_policy=_STOP_POLICY,
+        )  # fmt: skip
         self._vocab = model.vocab_size
         self._tokenizer: Tokenizer | None = None  # made for the first turn with stop strings
         self._events: deque[EngineEvent] = deque()
@@ -468,35 +480,42 @@ class Engine:
 
     def _choose(self, s: _Session) -> None:
         turn, row = s.turn, s.row
-        if turn.grammar_done:  # the grammar allows only end-of-sequence: the turn ends there
+        # The policy lets a finished grammar's turn go on to the EOS it forces, as the
+        # reference reports it: that EOS is taken as chosen, without a choice.
+        if turn.grammar_done:
             row.logits = None
             return self._finish(s, FinishReason.EOS)
         token, turn.grammar_done, _ = self._core.choose(row)
-        if token in self._core.eos:  # never part of the request's tokens
+        matched: list[int] = []
+        reason = self._core.stop_after(
+            row, token, generated=turn.generated + 1, budget=turn.policy.max_generated_tokens,
+            context=s.max_session, complete=turn.grammar_done,
+            stop_string=lambda: self._stop_string(turn, token, matched),
+        )  # fmt: skip
+        if reason is StopReason.EOS:  # never part of the request's tokens (the policy)
             return self._finish(s, FinishReason.EOS)
-        row.history.append(token)
         turn.generated += 1
-        reason, matched = FinishReason.NONE, None
-        if turn.stops is not None:
-            stream, matcher = turn.stops
-            match = matcher.feed(stream.decode(token))
-            if match is not None:
-                reason, matched = FinishReason.STOP_STRING, match.index
-        limit = turn.policy.max_generated_tokens
-        if reason == FinishReason.NONE and limit and turn.generated >= limit:
-            reason = FinishReason.MAX_GENERATED_TOKENS
-        if reason == FinishReason.NONE and len(row.history) >= s.max_session:
-            reason = FinishReason.MAX_SESSION_TOKENS
         handle = s.handle()
-        if reason == FinishReason.NONE:
+        if reason is None:
             self._events.append(EngineEvent(TOKEN, handle, turn.id, token))
             return
         s.state = _Session.COMPLETE
-        self._events.append(
-            EngineEvent(
-                TOKEN | FINISHED, handle, turn.id, token, reason, matched, usage=turn.usage()
-            )
+        index = matched[0] if matched else None
+        event = EngineEvent(
+            TOKEN | FINISHED, handle, turn.id, token, _FINISH[reason], index, usage=turn.usage()
         )
+        self._events.append(event)
+
+    def _stop_string(self, turn: _Turn, token: int, matched: list[int]) -> bool:
+        """Feed the token's text to the turn's matcher; a completed stop string's index goes
+        into ``matched``."""
+        if turn.stops is None:
+            return False
+        stream, matcher = turn.stops
+        match = matcher.feed(stream.decode(token))
+        if match is not None:
+            matched.append(match.index)
+        return match is not None
 
     def _finish(
         self,

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..decoding.stopping import StopReason, StopRule
 from ..errors import GenerationError
 from ..extras import require_extra
 from ..generator import Generator, GeneratorParams
@@ -186,12 +187,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         messages = [{"role": "user", "content": args.prompt}]
         if args.system is not None:
             messages.insert(0, {"role": "system", "content": args.system})
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = tokenizer.encode_chat(messages)
+    elif args.audio is not None:  # the decoder prompt exactly as the processor builds it
+        ids = tokenizer.encode(args.prompt)
     else:
-        text = args.prompt
-    # Audio models take the decoder prompt exactly as the processor builds it.
-    encode = tokenizer.encode if args.audio is not None else tokenizer.encode_prompt
-    ids = np.asarray(encode(text)).reshape(-1)
+        ids = tokenizer.encode_prompt(args.prompt)
+    ids = np.asarray(ids).reshape(-1)
     options = search_options(args)
     context = model.spec.model.context_length
     if context and len(ids) >= context:
@@ -221,11 +222,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name, tensor in inputs.items():
             generator.set_model_input(name, tensor)
     stream = tokenizer.create_stream()
-    eos = {int(t) for t in model.spec.tokens.eos}
+    stop = StopRule(model.spec.tokens.eos)
 
     def show(token: int) -> None:
-        if token in eos:
-            return
+        if stop.check(token, generated=0, length=0) is StopReason.EOS:
+            return  # the Generator ended the row on it; its text is not the reply's
         chunk = stream.decode(token)
         if chunk:
             sys.stdout.write(chunk)

@@ -21,6 +21,7 @@ from ..errors import GenaiRuntimeError, ModelError
 
 if TYPE_CHECKING:
     from ..decoding.picker import TokenPicker
+    from ..decoding.stopping import StopRule
     from .executor import Executor, TreePass
 
 
@@ -36,7 +37,7 @@ class DecodeState:
     executor: Executor
     picker: TokenPicker
     rng: np.random.Generator
-    is_eos: np.ndarray  # bool lookup by token id
+    stop: StopRule  # the one stop rule: which ids end the sequence
 
     @property
     def max_length(self) -> int:

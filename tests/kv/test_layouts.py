@@ -519,7 +519,7 @@ def test_speculation_refuses_a_cache_kind_that_cannot_rewind(tmp_path, w) -> Non
     doc = json.loads((folder / "genai_config.json").read_text())
     doc["speculative"] = {"ngram_size": 3, "max_draft_tokens": 3}
     (folder / "genai_config.json").write_text(json.dumps(doc))
-    with pytest.raises(ConfigError, match="'sliding-window' .chosen by auto. evicts and cannot"):
+    with pytest.raises(ConfigError, match=r"'sliding-window' \(chosen by auto\) evicts and cannot"):
         og.Model(folder)
     cannot = {kind for kind, cls in CACHE_KINDS.items() if not cls.can_rewind}
     assert cannot == {"sliding-window", "static-fifo"}  # the two that evict
