@@ -247,11 +247,10 @@ class Model:
 
         tokenizer = Tokenizer(self)
         if isinstance(prompt, str):
-            text = prompt
+            ids = tokenizer.encode_prompt(prompt)
         else:
             messages = [prompt] if isinstance(prompt, dict) else list(prompt)
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        ids = tokenizer.encode(text)
+            ids = tokenizer.encode_chat(messages)
         params = GeneratorParams(self)
         if search_options:
             params.set_search_options(**search_options)

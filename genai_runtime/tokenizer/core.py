@@ -391,7 +391,9 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         literal_content: bool = True,
     ) -> np.ndarray:
-        """Ids of the chat prompt: ``apply_chat_template`` encoded whole (a NUL is data).
+        """Ids of the chat prompt: ``apply_chat_template`` encoded whole (a NUL is data), with
+        ``encode_prompt``'s BOS rule. Every caller that turns messages into a prompt (``run``,
+        ``chat``, ``Model.generate``, the server, Ray Data) uses this one method.
 
         With ``literal_content`` (the default) special-token text typed in a message's string
         ``content`` (``<|im_end|>``), or anywhere in its tool calls or in ``tools``, is encoded
@@ -409,7 +411,7 @@ class Tokenizer:
             )  # fmt: skip
 
         if not literal_content:
-            return self.encode_with_literals(render(parsed, tool_list))
+            return self._with_bos(self.encode_with_literals(render(parsed, tool_list)))
         text, spans, risky = locate_strings(render, parsed, tool_list, self._holds_special)
         if spans is None:  # cannot tell where request text went: refuse only what is dangerous
             if risky:
@@ -418,7 +420,7 @@ class Tokenizer:
                     "request text, so it cannot be kept as plain text"
                 )
             spans = []
-        return self.encode_with_literals(text, spans)
+        return self._with_bos(self.encode_with_literals(text, spans))
 
     def _holds_special(self, text: str) -> bool:
         """Whether encoding ``text`` gives a control token (the special added tokens)."""
@@ -441,12 +443,17 @@ class Tokenizer:
         template that writes ``{{ bos_token }}``). Not in the reference's API, whose ``encode``
         adds no BOS: ``run``, ``chat`` and ``ChatSession`` use this, so no prompt needs a typed
         BOS."""
-        ids = self._encode_ids(text)
-        if not self._options["add_special_tokens"] and self._add_bos:
-            bos = self._lookup(self._special_text.get("bos_token"))
-            if bos is not None and ids[:1] != [bos]:
-                ids.insert(0, bos)
-        return np.asarray(ids, dtype=np.int32)
+        return self._with_bos(np.asarray(self._encode_ids(text), dtype=np.int32))
+
+    def _with_bos(self, ids: np.ndarray) -> np.ndarray:
+        """The one BOS policy of prompts: BOS first where the model wants one and ``ids`` lack
+        it (``add_special_tokens`` has added it already when on)."""
+        if self._options["add_special_tokens"] or not self._add_bos:
+            return ids
+        bos = self._lookup(self._special_text.get("bos_token"))
+        if bos is None or (ids.size and ids[0] == bos):
+            return ids
+        return np.concatenate([np.asarray([bos], ids.dtype), ids])
 
     @property
     def has_chat_template(self) -> bool:

@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from genai_runtime import Model, Tokenizer
@@ -67,3 +68,71 @@ def test_run_sends_one_bos_plain_or_templated(capsys, gemma):
         assert main(["run", str(gemma), *args, "--max-new-tokens", "1"]) == 0
         err = capsys.readouterr().err
         assert int(re.search(r"prompt tokens: (\d+)", err)[1]) == want, (args, err)
+
+
+NO_BOS_TEMPLATE = GEMMA_TEMPLATE.removeprefix("{{ bos_token }}")
+
+
+@pytest.fixture(scope="module")
+def gemma_no_bos_template(tmp_path_factory, gemma) -> Path:
+    """The same folder with a template that does not write BOS, though the tokenizer wants it."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("nobos") / "m"
+    shutil.copytree(gemma, folder)
+    path = folder / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "chat_template": NO_BOS_TEMPLATE}))
+    return folder
+
+
+def test_every_caller_feeds_the_same_chat_ids(capsys, monkeypatch, gemma_no_bos_template):
+    """run, chat, Model.generate, the server and Ray Data turn one user message into the same
+    ids: the template's, with the BOS the tokenizer asks for put first once. What each feeds is
+    read where the model receives it (the Generator's first append, the decode core's slot)."""
+    httpx = pytest.importorskip("httpx")
+    from genai_runtime.batching.core import DecodeCore
+    from genai_runtime.chat import ChatSession
+    from genai_runtime.generator import Generator
+    from genai_runtime.integrations.ray.data import BatchPredictor
+    from genai_runtime.server import ServerHandle
+
+    folder = gemma_no_bos_template
+    fed: dict[str, list[int]] = {}
+    caller = ["?"]
+    append, place = Generator.append_tokens, DecodeCore.place
+
+    def spy_append(self, tokens):
+        fed.setdefault(caller[0], [int(t) for t in np.asarray(tokens).reshape(-1)])
+        return append(self, tokens)
+
+    def spy_place(self, row, slot):
+        fed.setdefault(caller[0], row.history.array().tolist())
+        return place(self, row, slot)
+
+    monkeypatch.setattr(Generator, "append_tokens", spy_append)
+    monkeypatch.setattr(DecodeCore, "place", spy_place)
+
+    model = Model(folder)
+    tok = Tokenizer(model)
+    template_ids = tok.encode(tok.apply_chat_template(MESSAGES)).tolist()
+    want = [tok.bos_token_id, *template_ids]
+    assert template_ids[0] != tok.bos_token_id  # the template leaves BOS out
+
+    caller[0] = "run"
+    assert main(["run", str(folder), MESSAGES[0]["content"], "--max-new-tokens", "1"]) == 0
+    capsys.readouterr()
+    caller[0] = "chat"
+    list(ChatSession(model, max_new_tokens=1, max_length=64).send(MESSAGES[0]["content"]))
+    caller[0] = "Model.generate"
+    list(model.generate(MESSAGES, max_length=len(want) + 1))
+    caller[0] = "Ray Data"
+    BatchPredictor(folder, rows=1, max_tokens=1)({"prompt": [MESSAGES[0]["content"]]})
+    caller[0] = "server"
+    handle = ServerHandle(str(folder), port=0).start()
+    try:
+        body = {"model": "m", "messages": MESSAGES, "max_tokens": 1}
+        reply = httpx.post(handle.url + "/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+    finally:
+        handle.stop()
+    assert fed == dict.fromkeys(["run", "chat", "Model.generate", "Ray Data", "server"], want)

@@ -88,10 +88,9 @@ class BatchPredictor:
             if not isinstance(prompt, str):
                 raise GenerationError(f"prompt: expected a string, got {type(prompt).__name__}")
             if not self.chat:
-                return self.tokenizer.encode(prompt)
+                return self.tokenizer.encode_prompt(prompt)
             messages = [{"role": "user", "content": prompt}]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode_chat(messages)
 
     def _settings(self, columns: Mapping[str, Any], i: int) -> RowSettings:
         values = {}
