@@ -10,64 +10,24 @@ this, and it runs the same without a cluster.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..batching.core import TokenHistory
-from ..batching.slots import BatchedSlots, InterleavedSlots
-from ..decoding.chain import make_picker
-from ..decoding.picker import TokenPicker
+from ..batching.core import DEFAULT_MAX_CONTEXT, DecodeCore, Row, TokenHistory
+from ..batching.settings import RequestSettings, check_number
 from ..decoding.sampling import make_rng
 from ..errors import GenerationError
 from ..model import Model
-from ..server import DEFAULT_MAX_CONTEXT
-from ..spec import GenerationSpec
 from ..tokenizer import Tokenizer
-from ..validation import shown
 
 FINISH_REASONS = ("stop", "length", "error")
-_NO_HISTORY = np.zeros((1, 0), np.int64)
 
 
-@dataclass(frozen=True)
-class RowSettings:
-    """How one prompt is decoded: OpenAI's meanings (temperature 0 or top_k 1 is greedy, top_k 0
-    keeps the whole vocabulary, no seed draws a random one)."""
-
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        _require_int("max_tokens", self.max_tokens, 1)
-        _require_int("top_k", self.top_k, 0)
-        if self.seed is not None:
-            _require_int("seed", self.seed, None)
-        for name, high in (("temperature", 2.0), ("top_p", 1.0)):
-            value = getattr(self, name)
-            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-            if not ok or not math.isfinite(value) or not 0.0 <= value <= high:
-                raise GenerationError(
-                    f"{name}: expected a number in [0, {high}], got {shown(value)}"
-                )
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
-
-def _require_int(name: str, value: object, low: int | None) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise GenerationError(f"{name}: expected an integer, got {shown(value)}")
-    if low is not None and value < low:
-        raise GenerationError(f"{name}: expected an integer >= {low}, got {value}")
+# One prompt's settings: the one request-settings type the server uses too.
+RowSettings = RequestSettings
 
 
 @dataclass(frozen=True)
@@ -88,18 +48,16 @@ class RowResult:
 
 
 @dataclass(eq=False)
-class _Row:
+class _Job:
     index: int
     settings: RowSettings
-    rng: np.random.Generator | None
-    picker: TokenPicker
-    history: TokenHistory  # the prompt, then every generated token
+    row: Row  # the prompt, then every generated token
     start: int  # where the generated tokens begin
-    logits: np.ndarray | None = None
 
 
 class BatchRunner:
-    """Decodes many prompts over ``rows`` slots of one model (see the module docstring)."""
+    """Decodes many prompts over ``rows`` slots of one model (see the module docstring), with
+    the server's decode core: its slots, token choice and stop rule."""
 
     def __init__(
         self,
@@ -110,19 +68,15 @@ class BatchRunner:
         max_context: int | None = None,
         batched: bool | None = None,
     ):
-        _require_int("rows", rows, 1)
+        check_number("rows", rows, 1, integer=True)
         self.tokenizer = tokenizer
         self.context = min(model.spec.generation.max_length, max_context or DEFAULT_MAX_CONTEXT)
         self.vocab_size = model.vocab_size or 0
-        if batched is None:
-            batched = BatchedSlots.supports(model) is None
-        kind = BatchedSlots if batched else InterleavedSlots
-        self.slots = kind(model, rows, self.context)
-        self._eos = frozenset(int(t) for t in model.spec.tokens.eos)
+        self.core = DecodeCore(model, num_slots=rows, context=self.context, batched=batched)
 
     @property
     def rows(self) -> int:
-        return self.slots.num_slots
+        return self.core.slots.num_slots
 
     def run(
         self, prompts: Sequence[np.ndarray], settings: Sequence[RowSettings]
@@ -139,7 +93,8 @@ class BatchRunner:
             else:
                 results[i] = RowResult(error=problem)
         free = list(range(self.rows))
-        active: dict[int, _Row] = {}
+        active: dict[int, _Job] = {}
+        core = self.core
         while waiting or active:
             while waiting and free:
                 # The lowest free row: a decode pass runs every row up to the highest in use.
@@ -147,44 +102,38 @@ class BatchRunner:
                 free.remove(slot)
                 i = waiting.popleft()
                 s = settings[i]
-                picker = make_picker(
-                    GenerationSpec.from_openai(s.temperature, s.top_p, s.top_k),
-                    eos_token_ids=sorted(self._eos),
-                    vocab_size=self.vocab_size,
-                )
                 prompt = np.asarray(prompts[i], np.int64).reshape(-1)
+                picker = core.picker(s.generation())
                 rng = None if s.greedy else make_rng(_seed(s.seed))
-                row = _Row(i, s, rng, picker, TokenHistory(prompt), prompt.size)
+                row = Row(TokenHistory(prompt), picker, rng)  # type: ignore[arg-type]
+                core.place(row, slot)
                 try:
-                    row.logits = self.slots.prefill(slot, prompt, 0)
+                    core.advance([row])  # the prompt: prefilled alone, so its failure is its own
                 except Exception as exc:
                     results[i] = RowResult(error=f"the prompt could not be run: {exc}")
                     free.append(slot)
                     continue
-                active[slot] = row
-            stepping = [slot for slot, row in active.items() if row.logits is None]
+                active[slot] = _Job(i, s, row, prompt.size)
+            stepping = [job.row for job in active.values() if job.row.logits is None]
             if stepping:
-                last = np.array([active[slot].history[-1] for slot in stepping], np.int64)
                 try:
-                    logits = self.slots.decode(stepping, last)
+                    core.advance(stepping)
                 except Exception as exc:  # the rows in this pass are lost, the rest go on
-                    for slot in stepping:
-                        row = active.pop(slot)
-                        results[row.index] = RowResult(error=f"a decode step failed: {exc}")
-                        self.slots.release(slot)
-                        free.append(slot)
+                    for row in stepping:
+                        job = active.pop(row.slot)
+                        results[job.index] = RowResult(error=f"a decode step failed: {exc}")
+                        core.slots.release(row.slot)
+                        free.append(row.slot)
                     continue
-                for slot, row_logits in zip(stepping, logits):
-                    active[slot].logits = row_logits
-            for slot, row in list(active.items()):
+            for slot, job in list(active.items()):
                 try:
-                    result = self._step(row)
+                    result = self._step(job)
                 except Exception as exc:  # one row's bad sampling must not stop the others
                     result = RowResult(error=f"token selection failed: {exc}")
                 if result is not None:
-                    results[row.index] = result
+                    results[job.index] = result
                     del active[slot]
-                    self.slots.release(slot)
+                    core.slots.release(slot)
                     free.append(slot)
         return results  # type: ignore[return-value]  # every index was filled
 
@@ -194,27 +143,25 @@ class BatchRunner:
             return f"the prompt must be a non-empty 1-D list of token ids, got shape {ids.shape}"
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             return f"prompt token ids must be in [0, {self.vocab_size})"
-        if ids.size + s.max_tokens > self.context:
+        if s.max_tokens is not None and ids.size + s.max_tokens > self.context:
             return (
                 f"the context is {self.context} tokens; the prompt has {ids.size} and "
                 f"max_tokens asks for {s.max_tokens} more"
             )
         return None
 
-    def _step(self, row: _Row) -> RowResult | None:
+    def _step(self, job: _Job) -> RowResult | None:
         """Choose the row's next token; a result once the row has ended."""
-        logits, row.logits = row.logits, None
-        history = row.history.view() if row.picker.ops else _NO_HISTORY  # processors read it
-        token = int(row.picker.pick(history, logits[None, :], row.rng)[0])
-        row.history.append(token)
-        if token in self._eos:
-            return self._result(row, "stop")
-        if len(row.history) - row.start >= row.settings.max_tokens:
-            return self._result(row, "length")
-        return None
+        row = job.row
+        choice = self.core.choose(row)
+        reason = self.core.stop_after(
+            row, choice.token, generated=len(row.history) - job.start + 1,
+            budget=job.settings.max_tokens, context=self.context, complete=choice.complete,
+        )  # fmt: skip
+        return None if reason is None else self._result(job, reason.openai)
 
-    def _result(self, row: _Row, reason: str) -> RowResult:
-        tokens = row.history.array()[row.start :]
+    def _result(self, job: _Job, reason: str) -> RowResult:
+        tokens = job.row.history.array()[job.start :]
         text = self.tokenizer.decode(tokens)
         return RowResult(text=text, token_ids=tuple(tokens.tolist()), finish_reason=reason)
 

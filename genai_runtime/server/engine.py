@@ -24,14 +24,15 @@ import numpy as np
 
 from ..adapters import Adapters
 from ..batching.core import DecodeCore, Row, TokenHistory
+from ..batching.settings import RequestSettings
 from ..batching.stops import StopMatcher, pending_stop_prefix
 from ..decoding.picker import TokenPicker
 from ..decoding.processors import Processor
 from ..decoding.sampling import make_rng
+from ..decoding.stopping import StopReason
 from ..model import Model
-from ..spec import GenerationSpec
 from ..tokenizer import Tokenizer
-from .protocol import APIError, Sampling
+from .protocol import APIError
 
 log = logging.getLogger("genai_runtime.server")
 
@@ -43,7 +44,7 @@ class Job:
     """
 
     prompt: np.ndarray
-    sampling: Sampling
+    sampling: RequestSettings
     max_tokens: int
     deadline: float
     loop: asyncio.AbstractEventLoop
@@ -107,7 +108,6 @@ class ServerEngine:
             model, num_slots=max_active, context=self.context, batched=batched, adapters=adapters
         )
         self.slots = self.core.slots
-        self.eos = self.core.eos
         self.stats = Stats()
         self.failed: str | None = None  # set if the engine thread dies
         self._waiting: deque[Job] = deque()
@@ -158,13 +158,10 @@ class ServerEngine:
             self._waiting.append(job)
             self._wake.notify()
 
-    def picker(self, sampling: Sampling, grammar: Processor | None = None) -> TokenPicker:
+    def picker(self, sampling: RequestSettings, grammar: Processor | None = None) -> TokenPicker:
         """The token picker for one request: its sampling settings and optional grammar (a
         ``response_format``), through the same chain a Generator uses."""
-        generation = GenerationSpec.from_openai(
-            sampling.temperature, sampling.top_p, sampling.top_k
-        )
-        return self.core.picker(generation, grammar=grammar)
+        return self.core.picker(sampling.generation(), grammar=grammar)
 
     def cancel(self, job: Job) -> None:
         job.cancelled = True
@@ -291,29 +288,31 @@ class ServerEngine:
             job.first_token_at = time.monotonic()
             self.stats.ttft_sum += job.first_token_at - job.submitted
             self.stats.ttft_count += 1
-        job.row.history.append(token)
         job.generated += 1
         self.stats.completion_tokens += 1
-        if token in self.eos:
-            self._flush(job, job.text, [])
-            return self._done(job, "stop")
-        entry = self._logprob(job, logits, token) if s.logprobs else None
+        reason = self.core.stop_after(
+            job.row, token, generated=job.generated, budget=job.max_tokens,
+            context=self.context, complete=complete, stop_string=lambda: self._add_text(job, token),
+        )  # fmt: skip
+        entries = []
+        if s.logprobs and reason is not StopReason.EOS:
+            entries.append(self._logprob(job, logits, token))
+        if reason is not None:
+            self._flush(job, job.text, entries)
+            return self._done(job, reason.openai)
+        # Hold back a tail that could still grow into a stop string.
+        hold = pending_stop_prefix(job.text, s.stop)
+        self._flush(job, job.text[: len(job.text) - hold], entries)
+
+    def _add_text(self, job: Job, token: int) -> bool:
+        """Add the token's text to the reply; True when it completes a stop string (the reply
+        is then cut where the stop string starts)."""
         piece = job.stream.decode(token)
         match = job.stops.feed(piece)
         job.text += piece
         if match is not None:
             job.text = job.text[: match.start]
-            self._flush(job, job.text, [entry] if entry else [])
-            return self._done(job, "stop")
-        if complete:  # the grammar cannot be extended: the reply is whole
-            self._flush(job, job.text, [entry] if entry else [])
-            return self._done(job, "stop")
-        if job.generated >= job.max_tokens:
-            self._flush(job, job.text, [entry] if entry else [])
-            return self._done(job, "length")
-        # Hold back a tail that could still grow into a stop string.
-        hold = pending_stop_prefix(job.text, s.stop)
-        self._flush(job, job.text[: len(job.text) - hold], [entry] if entry else [])
+        return match is not None
 
     def _flush(self, job: Job, upto: str, entries: list) -> None:
         if len(upto) > job.sent or entries:

@@ -1,4 +1,4 @@
-"""OpenAI request bodies parsed strictly into ``Sampling`` + prompt; the error envelope.
+"""OpenAI request bodies parsed strictly into ``RequestSettings`` + prompt; the error envelope.
 
 Everything a client sends is untrusted: each field is type- and range-checked here, and a bad
 one becomes an ``APIError`` naming the field (HTTP 400), never an exception deeper down.
@@ -7,7 +7,6 @@ Unknown fields are ignored (their names, not their values, are logged by the app
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..batching.settings import RequestSettings, SettingError, check_number
 from ..config.bounded import LimitError, check_depth
 from ..errors import GenaiRuntimeError
 from .tools import (
@@ -191,28 +191,9 @@ def request_grammar(model: Any, kind: str, data: Any, param: str) -> Any:
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """What one request asks of the engine (everything already validated)."""
-
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    logprobs: bool = False
-    top_logprobs: int = 0
-    response_format: Mapping[str, Any] | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
-
-@dataclass(frozen=True)
 class ParsedRequest:
     model: str
-    sampling: Sampling
+    sampling: RequestSettings
     stream: bool = False
     include_usage: bool = False
     messages: list[dict[str, Any]] | None = None  # chat
@@ -225,26 +206,20 @@ def _number(body: Mapping[str, Any], key: str, low: float, high: float, default:
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise bad(f"{key} must be a number, got {_show(value)}", key)
-    if not low <= value <= high:
-        raise bad(f"{key} must be in [{low}, {high}], got {value}", key)
-    return float(value)
+    try:
+        return check_number(key, value, low, high)
+    except SettingError as exc:
+        raise bad(str(exc), key) from None
 
 
 def _int(body: Mapping[str, Any], key: str, low: int, high: int | None) -> int | None:
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise bad(f"{key} must be an integer, got {_show(value)}", key)
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise bad(f"{key} must be {bound}, got {value}", key)
-    return value
+    try:
+        return check_number(key, value, low, high, integer=True)
+    except SettingError as exc:
+        raise bad(str(exc), key) from None
 
 
 def _bool(body: Mapping[str, Any], key: str) -> bool:
@@ -289,7 +264,7 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(_text(s, "stop") for s in items)
 
 
-def _common(body: Mapping[str, Any], chat: bool) -> tuple[str, Sampling, bool, bool]:
+def _common(body: Mapping[str, Any], chat: bool) -> tuple[str, RequestSettings, bool, bool]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("model is required and must be a string (a served model name)", "model")
@@ -333,17 +308,19 @@ def _common(body: Mapping[str, Any], chat: bool) -> tuple[str, Sampling, bool, b
         top = _int(body, "logprobs", 0, 5)
         logprobs = top is not None
         top = top or 0
-    sampling = Sampling(
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, 1.0),
-        top_k=_int(body, "top_k", 0, None) or 0,
-        seed=_int(body, "seed", -(2**63), 2**63 - 1),
-        stop=_stop(body),
-        logprobs=logprobs,
-        top_logprobs=top,
-        response_format=_response_format(body) if chat else None,
-    )
+    wire = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}  # OpenAI's for a field left out
+    try:
+        sampling = RequestSettings(
+            max_tokens=max_tokens,
+            **{k: default if body.get(k) is None else body[k] for k, default in wire.items()},
+            seed=body.get("seed"),
+            stop=_stop(body),
+            logprobs=logprobs,
+            top_logprobs=top,
+            response_format=_response_format(body) if chat else None,
+        )
+    except SettingError as exc:
+        raise bad(str(exc), exc.param) from None
     return model, sampling, stream, include_usage
 
 

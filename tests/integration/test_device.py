@@ -229,9 +229,9 @@ def _engine_texts(model: og.Model, prompts: list[list[int]], tokens: int):
     census of serving them (the engine's start left out)."""
     import asyncio
 
+    from genai_runtime.batching.settings import RequestSettings
     from genai_runtime.server import engine_over
     from genai_runtime.server.engine import Job
-    from genai_runtime.server.protocol import Sampling
 
     engine = engine_over(model, max_active=4, max_queued=8, max_context=128)
 
@@ -245,7 +245,7 @@ def _engine_texts(model: og.Model, prompts: list[list[int]], tokens: int):
     async def run() -> list[str]:
         loop, jobs = asyncio.get_running_loop(), []
         for ids in prompts:
-            s = Sampling(max_tokens=tokens, temperature=0.0)
+            s = RequestSettings(max_tokens=tokens, temperature=0.0)
             job = Job(prompt=np.array(ids, np.int64), sampling=s, max_tokens=tokens,
                       deadline=loop.time() + 300, loop=loop, events=asyncio.Queue(),
                       picker=engine.picker(s))  # fmt: skip

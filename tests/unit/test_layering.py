@@ -1,7 +1,7 @@
 """The floor plan, checked from the source so it cannot quietly come back undone.
 
 Every import in ``genai_runtime`` (module level, inside functions and under ``TYPE_CHECKING``
-alike) is read with ``ast``. Floors are listed bottom up (``../shared/design/architecture.md``
+alike) is read with ``ast``. Floors are listed bottom up (``docs/design/architecture.md``
 draws the same plan): a module may import its own floor or lower ones, never higher. Import
 loops between files are counted, and so are writes into another object's private fields.
 """
@@ -249,3 +249,19 @@ def test_cache_capabilities_are_declared_not_probed() -> None:
             ):
                 probes.append(f"{module}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
     assert not probes, probes
+
+
+def test_no_private_name_is_imported_from_another_package() -> None:
+    # A package's underscored names are its own: another package asks for a public one.
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _target(module, path, node)
+            if base is None or _package(base or "__init__") == _package(module):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{module}:{node.lineno} imports {base}.{alias.name}")
+    assert not found, found

@@ -9,7 +9,6 @@ whose ``check_health`` fails (the engine thread stopped).
 
 from __future__ import annotations
 
-import inspect
 import time
 from pathlib import Path
 from typing import Any
@@ -39,53 +38,14 @@ class OpenAIServer:
     HTTP connections are Serve's proxy's: the server's slow-header guard is not in front."""
 
     def __init__(
-        self,
-        model_dir: str,
-        *,
-        served_name: str | None = None,
-        api_key: str | None = None,
-        threads: int | None = None,
-        device: str | None = None,
-        max_active: int = 4,
-        max_queued: int = 16,
-        max_context: int | None = None,
-        max_body: int | None = None,
-        timeout: float | None = None,
-        read_timeout: float | None = None,
-        batched: bool | None = None,
-        prefix_reuse: bool = True,
-        special_tokens_in_messages: bool = False,
-        adapters: dict[str, str] | None = None,
-        created: int = 0,
+        self, model_dir: str, *, threads: int | None = None, created: int = 0, **options: Any
     ):
-        from ...server import DEFAULT_MAX_CONTEXT, _check_limits
-        from ...server.app import (
-            DEFAULT_MAX_BODY,
-            DEFAULT_READ_TIMEOUT,
-            DEFAULT_TIMEOUT,
-            ServerState,
-        )
+        from ...server import ServeOptions
 
-        # The server's own checks, so a replica refuses what `genai-runtime serve` refuses.
-        _check_limits(
-            max_queued=max_queued, max_active=max_active, max_context=max_context,
-            max_body=max_body, timeout=timeout, read_timeout=read_timeout,
-        )  # fmt: skip
-        engine = start_engine(
-            model_dir, threads=threads, device=device, max_active=max_active,
-            max_queued=max_queued, max_context=max_context or DEFAULT_MAX_CONTEXT,
-            batched=batched, prefix_reuse=prefix_reuse, adapters=adapters,
-        )  # fmt: skip
-        self.state = ServerState(
-            served_name=served_name or Path(model_dir).resolve().name,
-            api_key=api_key or None,
-            max_body=max_body or DEFAULT_MAX_BODY,
-            timeout=timeout or DEFAULT_TIMEOUT,
-            read_timeout=read_timeout or DEFAULT_READ_TIMEOUT,
-            special_tokens_in_messages=special_tokens_in_messages,
-            engine=engine,
-            created=created,
-        )
+        # The server's own options and checks: a replica refuses what `genai-runtime serve` does.
+        opts = ServeOptions(**options)
+        engine = start_engine(model_dir, threads=threads, **opts.engine_options())
+        self.state = opts.state(Path(model_dir).resolve().name, engine=engine, created=created)
 
     def __serve_build_asgi_app__(self):
         """Serve calls this on the replica once ``__init__`` has run."""
@@ -117,12 +77,14 @@ def build_deployment(
     ``server_options`` are ``OpenAIServer``'s; ``deployment_options`` go to
     ``serve.deployment`` as they are. Builds the objects only: nothing starts Ray."""
     serve = require_ray("ray.serve")
+    from ...server import ServeOptions
+
+    # One creation time for every replica, so /v1/models answers the same from each.
+    created = server_options.pop("created", int(time.time()))
     try:  # a misspelt option fails here, not on every replica
-        bound = inspect.signature(OpenAIServer).bind(str(model_dir), threads=threads,
-                                                     **server_options)  # fmt: skip
+        checked = ServeOptions(**server_options)
     except TypeError as exc:
         raise GenaiRuntimeError(f"build_deployment: {exc}") from None
-    bound.apply_defaults()
     options: dict[str, Any] = dict(deployment_options or {})
     options["ray_actor_options"] = {"num_cpus": threads, **(ray_actor_options or {})}
     if autoscaling_config is not None:
@@ -130,12 +92,10 @@ def build_deployment(
     else:
         options["num_replicas"] = num_replicas
     # Serve sends a replica at most what its engine admits: the active rows plus the queue.
-    admitted = bound.arguments["max_active"] + bound.arguments["max_queued"]
+    admitted = checked.max_active + checked.max_queued
     options.setdefault("max_ongoing_requests", admitted)
     replica = serve.deployment(serve.ingress()(OpenAIServer), name=name, **options)
-    # One creation time for every replica, so /v1/models answers the same from each.
-    server_options.setdefault("created", int(time.time()))
-    return replica.bind(str(model_dir), threads=threads, **server_options)
+    return replica.bind(str(model_dir), threads=threads, created=created, **server_options)
 
 
 def deploy(app, *, host: str = "127.0.0.1", port: int = 8000, name: str = APP_NAME) -> str:

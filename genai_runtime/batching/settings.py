@@ -1,0 +1,106 @@
+"""One request's decoding settings in OpenAI's terms, for everything that takes requests: the
+OpenAI server, the batch runner and Ray Data.
+
+Each value is checked here, once. A search option's range is ``GenerationSpec``'s own (its field
+metadata, the one place ``set_search_options`` reads too), narrowed only where OpenAI's API is
+narrower (temperature at most 2).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..errors import GenerationError
+from ..spec import GenerationSpec
+from ..validation import shown
+
+_OPTION = {f.name: f.metadata for f in fields(GenerationSpec)}
+_OPENAI_HIGH = {"temperature": 2.0}
+INT64 = (-(2**63), 2**63 - 1)
+
+
+class SettingError(GenerationError, ValueError):
+    """A request setting out of its type or range; ``param`` names it (the server's 400)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def option_range(name: str) -> tuple[float | None, float | None]:
+    """The range a request may give search option ``name``."""
+    meta = _OPTION[name]
+    return meta["low"], _OPENAI_HIGH.get(name, meta["high"])
+
+
+def check_number(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    integer: bool = False,
+) -> Any:
+    """``value`` as a finite number in ``[low, high]`` (None: open), an int when ``integer``
+    (a float with an integral value is one: JSON writes 5 as 5.0 at times); else
+    ``SettingError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        kind = "an integer" if integer else "a number"
+        raise SettingError(f"{name} must be {kind}, got {shown(value)}", name)
+    if not math.isfinite(value):
+        raise SettingError(f"{name} must be a finite number, got {value}", name)
+    if integer:
+        if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+            raise SettingError(f"{name} must be an integer, got {shown(value)}", name)
+        value = int(value)
+    else:
+        value = float(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        if high is None:
+            bound = f">= {low}"
+        else:
+            bound = f"<= {high}" if low is None else f"in [{low}, {high}]"
+        raise SettingError(f"{name} must be {bound}, got {value}", name)
+    return value
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """How one request decodes, in OpenAI's meanings: temperature 0 or top_k 1 is greedy, top_k
+    0 keeps the whole vocabulary, no seed draws a random one, no ``max_tokens`` runs to what the
+    context leaves. The defaults are greedy; the server applies OpenAI's wire defaults (such as
+    temperature 1) to fields a body leaves out."""
+
+    max_tokens: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    response_format: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        checked = {
+            name: check_number(name, getattr(self, name), *option_range(name), integer=integer)
+            for name, integer in (("temperature", False), ("top_p", False), ("top_k", True))
+        }
+        if self.max_tokens is not None:
+            checked["max_tokens"] = check_number("max_tokens", self.max_tokens, 1, integer=True)
+        if self.seed is not None:
+            checked["seed"] = check_number("seed", self.seed, *INT64, integer=True)
+        for name, value in checked.items():  # normalised: 5.0 -> 5, numpy scalars -> Python
+            object.__setattr__(self, name, value)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def generation(self) -> GenerationSpec:
+        """The search options these settings decode with."""
+        return GenerationSpec.from_openai(self.temperature, self.top_p, self.top_k)
