@@ -8,8 +8,8 @@ re-runs itself in one (``unshare``; HOME and Ray's temp folder in a fresh temp f
 parity      16 concurrent greedy requests (chat and completions, streamed and not) to one
             server process (the ``OpenAIServer`` replica class on uvicorn, 1 thread) and to
             ``genai-runtime serve --ray --replicas 2 --threads 1``: every reply must be equal.
-            Ray Data's HTTP processor (README's zero-code path) against the first server. Then
-            32 prompts (+ one over the context) through ``map_batches`` with 2 actors and
+            Ray Data's HTTP processor (the Ray guide's zero-code path) against the first server.
+            Then 32 prompts (+ one over the context) through ``map_batches`` with 2 actors and
             batches of 8, against the local ``Generator`` (batch_size 8, right-padded; and
             batch_size 1, for the int4 note).
 throughput  N clients for S seconds of streamed chat (temperature 0.7, per-request seeds,
@@ -288,7 +288,7 @@ def map_batches(ray, model_dir: str, max_tokens: int, extra: list[dict] | None =
 
 
 def http_processor(ray, name: str, topics: list[str]) -> list[str]:
-    """README's zero-code snippet, pointed at the server on ``PORT``."""
+    """The Ray guide's zero-code snippet (docs/guide/ray.md), pointed at the server on ``PORT``."""
     from ray.data.llm import HttpRequestProcessorConfig, build_processor
 
     config = HttpRequestProcessorConfig(

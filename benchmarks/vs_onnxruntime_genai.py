@@ -467,8 +467,8 @@ def run_driver(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]
     return summary, meta
 
 
-# The README's equal-thread table: (label, model folder); extra models live under
-# $GENAI_RUNTIME_MODELS (default ~/genai-models/onnx), as the tests find them.
+# The equal-thread table (benchmarks/results/*-equal-threads.md): (label, model folder); extra
+# models live under $GENAI_RUNTIME_MODELS (default ~/genai-models/onnx), as the tests find them.
 _MODELS_ROOT = Path(os.environ.get("GENAI_RUNTIME_MODELS", "~/genai-models/onnx")).expanduser()
 TABLE_MODELS = (
     ("int4", DEFAULT_MODEL),
@@ -478,7 +478,7 @@ TABLE_MODELS = (
 
 def run_table(args: argparse.Namespace) -> None:
     """Run the driver for 1 and 2 threads on the int4 and fp32 SmolLM2 (each present folder)
-    and print the README table rows: ours/reference medians with the per-round range."""
+    and print the equal-thread table rows: ours/reference medians with the per-round range."""
     rows = []
     for label, folder in TABLE_MODELS:
         if not (Path(folder) / "genai_config.json").is_file():
@@ -538,7 +538,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--table",
         action="store_true",
-        help="README table: 1 and 2 threads on the int4 and fp32 SmolLM2 (ratios only)",
+        help="equal-thread table: 1 and 2 threads on the int4 and fp32 SmolLM2 (ratios only)",
     )
     # Worker-side options (the driver passes them through).
     parser.add_argument("--worker", choices=(*SIDES, TOKENIZE), help=argparse.SUPPRESS)

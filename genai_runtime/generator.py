@@ -2,8 +2,9 @@
 
 Timing follows the reference: ``append_tokens`` runs the prompt at once; the forward pass for a
 sampled token runs at the start of the next ``generate_next_token``. Divergences (documented in
-the README): a token generated but not yet run is fed along with tokens appended after it, and
-``rewind_to(n)`` keeps exactly ``n`` tokens and recomputes the logits after the n-th.
+docs/design/decisions.md): a token generated but not yet run is fed along with tokens appended
+after it, and ``rewind_to(n)`` keeps exactly ``n`` tokens and recomputes the logits after the
+n-th.
 """
 
 from __future__ import annotations

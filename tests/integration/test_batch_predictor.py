@@ -3,7 +3,7 @@
 Greedy rows must equal onnxruntime-genai-style batched generation by our ``Generator``
 (batch_size > 1, right-padded): both decode several rows per pass. A ``Generator`` with
 batch_size 1 is not the reference for int4 models: onnxruntime's MatMulNBits rounds a one-row
-pass differently (see README, the server section).
+pass differently (see docs/design/numerics.md).
 """
 
 from __future__ import annotations

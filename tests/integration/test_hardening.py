@@ -287,8 +287,9 @@ def test_a_huge_file_name_gives_a_short_message_with_its_json_path(tmp_path, cap
 
 
 def test_decode_of_out_of_range_ids_skips_them_as_the_reference() -> None:
-    """Decision (README): like the reference, an id outside the vocabulary contributes no text;
-    an all-empty result stays "" (the reference returns "\\ufffd", a documented difference)."""
+    """Decision (docs/design/decisions.md): like the reference, an id outside the vocabulary
+    contributes no text; an all-empty result stays "" (the reference returns "\\ufffd", a
+    documented difference)."""
     tokenizer = og.Tokenizer(smollm2_2layers())
     assert tokenizer.decode([28, 99999, 28]) == ",,"  # the reference gives ",," too
     assert tokenizer.decode([99999]) == ""

@@ -33,7 +33,8 @@ def folder(request, tmp_path_factory) -> tuple[Path, Path, str]:
 
 @pytest.fixture(scope="module")
 def fp32_folder(tmp_path_factory) -> tuple[Path, Path, str]:
-    # fp32 only: int4 rounds a batched server pass differently from a one-row run (README).
+    # fp32 only: int4 rounds a batched server pass differently from a one-row run (see
+    # docs/design/numerics.md).
     return _imported(tmp_path_factory, "fp32", 0)
 
 

@@ -4,7 +4,7 @@ where Ray is not installed or ``unshare`` is not permitted.
 
 Opt-in (``GENAI_RUNTIME_RAY_CLUSTER=1``): Ray's start, two Serve replicas and two Ray Data
 actors take 40-90 s on a 2-core machine, beyond what the suite can spend; the rest of the Ray
-code (the predictor, the deployment objects, the README snippets, the CLI's refusals) is tested
+code (the predictor, the deployment objects, the Ray guide's snippets, the CLI's refusals) is tested
 without a cluster in test_batch_predictor.py and test_ray_readme.py, and
 benchmarks/ray_scaleout.py measures the same cluster at full size."""
 

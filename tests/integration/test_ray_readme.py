@@ -1,8 +1,8 @@
-"""README's Ray section stays true: its Python snippets build the Serve application and the batch
-predictor (run on one batch) without starting Ray (``ray.init`` is replaced by a refusal, which
-Ray's auto-init would hit too); the snippets marked "needs a running Ray cluster" at least
-compile. Also the ``serve --ray`` arguments that are refused before Ray starts, and a replica
-with LoRA adapters."""
+"""The Ray guide (docs/guide/ray.md) stays true: its Python snippets build the Serve application
+and the batch predictor (run on one batch) without starting Ray (``ray.init`` is replaced by a
+refusal, which Ray's auto-init would hit too); the snippets marked "needs a running Ray cluster"
+at least compile. Also the ``serve --ray`` arguments that are refused before Ray starts, and a
+replica with LoRA adapters."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ NEEDS_CLUSTER = "# needs a running Ray cluster"
 MODEL = "smollm2-135m-instruct-int4"
 
 
+GUIDE = REPO / "docs" / "guide" / "ray.md"
+
+
 def _ray_blocks() -> list[str]:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Beyond one machine: Ray", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), flags=re.S)
 
 
 def _refuse(*args, **kwargs):
-    raise AssertionError("a README snippet started Ray outside a loopback-only namespace")
+    raise AssertionError("a guide snippet started Ray outside a loopback-only namespace")
 
 
 def test_readme_snippets_build_without_starting_ray(monkeypatch):
@@ -44,9 +45,9 @@ def test_readme_snippets_build_without_starting_ray(monkeypatch):
     for block in blocks:
         code = block.replace("../shared", str(shared))
         if block.startswith(NEEDS_CLUSTER):
-            compile(code, "README.md", "exec")
+            compile(code, str(GUIDE), "exec")
             continue
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, str(GUIDE), "exec"), scope)
     assert isinstance(scope["app"], serve.Application)
     assert isinstance(scope["predictor"], BatchPredictor)
     out = scope["out"]

@@ -1,7 +1,8 @@
-"""README.md's fenced blocks, checked against behaviour: each block is run here when it can be
-(the shared-model command, the API example), else its claims are checked (commands parse, every
-flag a synopsis line shows exists, extras and pulled names are real, paths under ../shared exist).
-A new block that no check below recognises fails ``test_every_block_is_checked``.
+"""The fenced blocks of README.md and every page under docs/, checked against behaviour: each
+block is run here when it can be (the shared-model command, the API example), else its claims are
+checked (commands parse, every flag a synopsis line shows exists, extras and pulled names are
+real, paths under ../shared exist). A new block that no check below recognises fails
+``test_every_block_is_checked``.
 
 The set-up commands themselves (fresh venv + pip install) are too slow for the suite; CI runs the
 test one verbatim (``.ci/run``), and ``tests/unit/test_readme.py`` pins that.
@@ -25,8 +26,14 @@ from genai_runtime.cli import main
 from genai_runtime.config import load
 from genai_runtime.importer.catalogue import SOURCES
 
-README = (REPO / "README.md").read_text(encoding="utf-8")
-BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, flags=re.S | re.M)
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+TEXTS = {page.relative_to(REPO).as_posix(): page.read_text(encoding="utf-8") for page in PAGES}
+# (page, lang, body) for every fenced block of every page, in page order.
+BLOCKS = [
+    (page, lang, body)
+    for page, text in TEXTS.items()
+    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M)
+]
 EXTRAS = set(metadata("genai_runtime").get_all("Provides-Extra") or ())
 FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 
@@ -75,7 +82,7 @@ def check_setup(body: str, capsys) -> None:
         for path in shared_paths(command):
             require_shared(*Path(path).parts[2:])
         with pytest.MonkeyPatch.context() as patch:
-            patch.chdir(REPO)  # README's paths are relative to the checkout
+            patch.chdir(REPO)  # commands' paths are relative to the checkout, on every page
             code = main(argv)
         out = capsys.readouterr().out
         assert code == 0, command
@@ -147,7 +154,7 @@ def is_decoding_chain(lang: str, body: str) -> bool:
 
 def check_decoding_chain(body: str, capsys, tmp_path: Path) -> None:
     """The chain example is a valid v2 ``generation`` block: it loads into the v2 example."""
-    config = json.loads(next(b for lang, b in BLOCKS if is_v2_config(lang, b)))
+    config = json.loads(next(b for _, lang, b in BLOCKS if is_v2_config(lang, b)))
     config["generation"] = yaml.safe_load(body)["generation"]
     (tmp_path / "genai_config.json").write_text(json.dumps(config))
     spec = load(tmp_path)
@@ -173,7 +180,7 @@ def is_ray_snippet(lang: str, body: str) -> bool:
 def check_ray_snippet(body: str, capsys) -> None:
     """It compiles and names what genai_runtime.integrations.ray has; tests/integration/
     test_ray_readme.py runs the ones that need no Ray cluster."""
-    compile(body, "README.md", "exec")
+    compile(body, "<docs snippet>", "exec")
     from genai_runtime.integrations import ray as integration
 
     for names in re.findall(r"from genai_runtime\.integrations\.ray import (.+)", body):
@@ -231,14 +238,17 @@ CHECKS: list[tuple[Callable[[str, str], bool], Callable[..., None]]] = [
 
 def test_every_block_is_checked():
     assert len(BLOCKS) >= 10
-    for lang, body in BLOCKS:
+    assert {page for page, _, _ in BLOCKS} >= {"README.md", "docs/guide/cli.md"}
+    for page, lang, body in BLOCKS:
         matches = [check.__name__ for match, check in CHECKS if match(lang, body)]
-        assert len(matches) == 1, (lang, body[:200], matches)
+        assert len(matches) == 1, (page, lang, body[:200], matches)
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
+@pytest.mark.parametrize(
+    "index", range(len(BLOCKS)), ids=[f"{page}-{i}" for i, (page, _, _) in enumerate(BLOCKS)]
+)
 def test_block(index, capsys, tmp_path):
-    lang, body = BLOCKS[index]
+    _, lang, body = BLOCKS[index]
     check = next(check for match, check in CHECKS if match(lang, body))
     if check is check_decoding_chain:
         check(body, capsys, tmp_path)
@@ -246,7 +256,8 @@ def test_block(index, capsys, tmp_path):
         check(body, capsys)
 
 
-def test_every_shared_path_the_readme_names_exists():
-    for path in shared_paths(README):
+@pytest.mark.parametrize("page", list(TEXTS))
+def test_every_shared_path_a_page_names_exists(page):
+    for path in shared_paths(TEXTS[page]):
         if "DIR" not in path:
             require_shared(*Path(path).parts[2:])
