@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .decoding.stopping import StopReason, StopRule
+from .decoding.stopping import StopPolicy, StopReason, StopRule
 from .errors import GenerationError, UnsupportedError
 from .generator import Generator, GeneratorParams
 from .model import Model
@@ -25,7 +25,9 @@ class ChatSession:
     """A conversation with a chat model; ``send`` streams each reply.
 
     ``search_options`` are onnxruntime-genai search options (``max_length`` bounds the whole
-    conversation); ``max_new_tokens`` optionally caps each reply. With ``drop_oldest`` a message
+    conversation); ``max_new_tokens`` optionally caps each reply; ``loop_span`` ends a reply
+    whose last ``loop_span``+ tokens are one block repeated (0: never). With ``drop_oldest`` a
+    message
     that would not leave room for a reply (``max_new_tokens``, else 64 tokens, at most a quarter
     of ``max_length``) first drops the oldest turns, keeping the system message.
     """
@@ -38,6 +40,7 @@ class ChatSession:
         system: str | None = None,
         max_new_tokens: int | None = None,
         drop_oldest: bool = False,
+        loop_span: int = 0,
         **search_options: Any,
     ) -> None:
         if max_new_tokens is not None and max_new_tokens < 1:
@@ -54,13 +57,14 @@ class ChatSession:
             raise UnsupportedError("a ChatSession streams one reply; beam search is not supported")
         self.generator = Generator(model, params)
         self.max_length: int = params.search.max_length
-        self._stop = StopRule(model.spec.tokens.eos)
+        self._stop = StopRule(model.spec.tokens.eos, policy=StopPolicy(loop_span=loop_span))
         self.messages: list[dict[str, str]] = self._initial_messages()
         self.last_prefill_tokens = 0  # tokens appended by the last turn's prompt pass
         self.last_reply_tokens: list[int] = []
         self.dropped_turns = 0  # oldest turns the last send dropped to make room
-        # Why the last reply ended: "stop" (EOS), "length" (max_new_tokens), "context"
-        # (max_length), or None while it streams / after it was stopped or superseded.
+        # Why the last reply ended: "stop" (EOS), "loop" (it repeated itself), "length"
+        # (max_new_tokens), "context" (max_length), or None while it streams / after it was
+        # stopped or superseded.
         self.finish_reason: str | None = None
         self._turn = 0  # bumped by send/reset/abandon, so a stale reply iterator stops
         # While a reply streams: the messages before its turn and the tokens they share with it.
@@ -163,6 +167,7 @@ class ChatSession:
             reason = self._stop.check(
                 token, generated=len(tokens), length=self.generator.token_count(),
                 budget=self.max_new_tokens, context=self.max_length,
+                reply=np.asarray(tokens) if self._stop.policy.loop_span else None,
             )  # fmt: skip
             chunk = "" if reason is StopReason.EOS else stream.decode(token)
             if chunk:
@@ -176,7 +181,12 @@ class ChatSession:
             self._before_turn = None  # the turn is whole
 
 
-_FINISH = {StopReason.EOS: "stop", StopReason.BUDGET: "length", StopReason.CONTEXT: "context"}
+_FINISH = {
+    StopReason.EOS: "stop",
+    StopReason.LOOP: "loop",
+    StopReason.BUDGET: "length",
+    StopReason.CONTEXT: "context",
+}
 
 
 def _drop_oldest_turn(messages: list[dict[str, str]]) -> bool:

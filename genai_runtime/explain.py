@@ -13,6 +13,7 @@ from typing import Any
 
 from .decoding.chain import make_picker
 from .errors import GenaiRuntimeError
+from .generation_defaults import defaults_for
 from .kv.planning import CACHE_KINDS, device_obstacle
 from .routing import classify
 from .runtime.cuda_graphs import graph_obstacle
@@ -71,6 +72,7 @@ def explain_spec(
         "strategy": _strategy(spec),
         "tokens": _tokens(spec),
         "generation": generation_changes(spec.generation),
+        "run_defaults": defaults_for(spec).describe(),
         "chain": decoding_chain(spec, plan),
         "kv_cache_config": _non_default(spec.state.kv_cache),
         "notes": list(spec.metadata.get("translation_notes", ())),
@@ -304,6 +306,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         add(f"controller: {report['controller']} drives the decode loop (trusted code)")
     add("tokens: " + _pairs(report["tokens"]))
     add("generation (differs from defaults): " + (_pairs(report["generation"]) or "(none)"))
+    if report.get("run_defaults"):
+        add("run and chat, with no sampling or length flag: " + report["run_defaults"])
     if report.get("chain"):
         add("decoding chain: " + " -> ".join(report["chain"]))
     lines += [f"note: {note}" for note in report.get("notes", ())]

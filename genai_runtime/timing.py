@@ -53,10 +53,11 @@ class Timing:
 def timed_generate(
     generator: Any,
     ids: np.ndarray,
-    on_token: Callable[[int], None] | None = None,
+    on_token: Callable[[int], bool | None] | None = None,
     limit: int | None = None,
 ) -> Timing:
-    """Append the prompt and generate until done (or ``limit`` tokens), timing each phase."""
+    """Append the prompt and generate until done (or ``limit`` tokens, or ``on_token`` returns
+    True), timing each phase."""
     start = time.perf_counter()
     generator.append_tokens(ids)
     prefill = time.perf_counter() - start
@@ -71,8 +72,8 @@ def timed_generate(
         else:
             decode += spent
         count += 1
-        if on_token is not None:
-            on_token(int(generator.get_next_tokens()[0]))
+        if on_token is not None and on_token(int(generator.get_next_tokens()[0])):
+            break
     return Timing(len(ids), count, prefill, first, decode)
 
 

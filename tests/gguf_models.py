@@ -54,9 +54,11 @@ def write_tiny_gguf(
     head_qtype: Q | None = None,
     add_bos: bool = False,
     dims: dict[str, int] | None = None,
+    sampling: dict[str, float] | None = None,
 ) -> Path:
     """A 2-layer llama GGUF with random weights quantised as ``qtype`` (``dims`` overrides
-    TINY's sizes: K-quants need in-features that are multiples of 256)."""
+    TINY's sizes: K-quants need in-features that are multiples of 256; ``sampling``: llama.cpp's
+    ``general.sampling.*`` keys, e.g. ``{"temp": 0.6}``)."""
     t = {**TINY, **(dims or {})}
     rng = np.random.default_rng(seed)
     tokens, merges = tiny_vocab()
@@ -84,6 +86,9 @@ def write_tiny_gguf(
     w.add_unk_token_id(0)
     w.add_add_bos_token(add_bos)
     w.add_chat_template(CHAT_TEMPLATE)
+    for key, value in (sampling or {}).items():
+        add = w.add_int32 if isinstance(value, int) else w.add_float32
+        add(f"general.sampling.{key}", value)
 
     def weight(name: str, out_f: int, in_f: int, q: Q = qtype, scale: float = 0.15) -> None:
         data = (rng.standard_normal((out_f, in_f)) * scale).astype(np.float32)

@@ -29,8 +29,41 @@ from .slots import BatchedSlots, InterleavedSlots
 log = logging.getLogger("genai_runtime.batching")
 
 _NO_HISTORY = np.zeros((1, 0), np.int64)
-# The context a server or batch runner gives a model when its caller names none.
+# The context the batch runner gives a model when its caller names none.
 DEFAULT_MAX_CONTEXT = 2048
+KV_MEMORY_SHARE = 0.5  # of the memory available at start, the most full-length KV rows may take
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux ``MemAvailable``; None where it cannot be read)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def context_that_fits(model: Model, rows: int) -> tuple[int, str]:
+    """The context each of ``rows`` sequences gets when the caller names none: the model's own,
+    unless ``rows`` full-length KV caches would take over ``KV_MEMORY_SHARE`` of the memory
+    available now; and why, in words."""
+    own = model.spec.generation.max_length
+    layout = model.pipeline.plan.layout
+    free = available_memory()
+    if layout is None or free is None:
+        return own, "the model's own"
+    per_token = layout.bytes_per_token(rows)
+    fits = int(free * KV_MEMORY_SHARE) // max(per_token, 1) // 256 * 256
+    if fits >= own:
+        return own, "the model's own"
+    return max(fits, 256), (
+        f"the model's own is {own}; {rows} rows of that would take "
+        f"{own * per_token / 2**30:.1f} GiB of KV cache, over half of the "
+        f"{free / 2**30:.1f} GiB available"
+    )
 
 
 class TokenHistory:

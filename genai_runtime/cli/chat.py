@@ -20,14 +20,15 @@ from typing import Any, TextIO
 from ..chat import ChatSession
 from ..config.pulled import user_cache_dir
 from ..errors import GenerationError
+from ..generation_defaults import DEFAULT_MAX_NEW_TOKENS, defaults_for
 from .common import (
     SAMPLING_RULE,
     add_device_arg,
     add_search_args,
     add_trust_arg,
+    cli_search_options,
     load_model,
     positive_int,
-    search_options,
 )
 
 COMMANDS = {
@@ -68,7 +69,10 @@ def add_parsers(sub: Any) -> None:
         help="bound on the whole conversation, in tokens (the context)",
     )
     p.add_argument(
-        "--max-new-tokens", type=positive_int, metavar="N", help="cap on each reply, in tokens"
+        "--max-new-tokens",
+        type=positive_int,
+        metavar="N",
+        help=f"cap on each reply, in tokens (default {DEFAULT_MAX_NEW_TOKENS})",
     )
     add_search_args(p)
     p.set_defaults(func=cmd_chat)
@@ -76,15 +80,24 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
-    options = search_options(args)
+    if not tokenizer.has_chat_template:
+        print(
+            f"error: chat: {args.model_dir} has no chat template (a base model?); for plain "
+            f"completion run: genai-runtime run {args.model_dir} -p TEXT",
+            file=sys.stderr,
+        )
+        return 1
+    defaults = defaults_for(model.spec)
+    options = cli_search_options(args, defaults)
     if args.max_length is not None:
         options["max_length"] = args.max_length
     session = ChatSession(
         model,
         tokenizer,
         system=args.system,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=args.max_new_tokens or defaults.max_new_tokens,
         drop_oldest=True,
+        loop_span=0 if args.no_loop_guard else defaults.loop_span,
         **options,
     )
     print(
@@ -124,7 +137,9 @@ def _turn(session: ChatSession, text: str, out: TextIO) -> None:
             file=sys.stderr,
         )
         return
-    if session.finish_reason == "length":
+    if session.finish_reason == "loop":
+        out.write(" [ended: the reply kept repeating itself; --no-loop-guard lets it run on]")
+    elif session.finish_reason == "length":
         out.write(f" [cut at {session.max_new_tokens} tokens: --max-new-tokens]")
     elif session.finish_reason == "context":
         out.write(f" [cut: the conversation reached {session.max_length} tokens]")

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..generation_defaults import DEFAULT_SAMPLING, LOOP_SPAN, SAMPLING_FILE, Defaults
+
 # CLI flag -> onnxruntime-genai search option, for run / chat.
 SEARCH_FLAGS = {
     "do_sample": "do_sample",
@@ -74,8 +76,10 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 
 SAMPLING_RULE = (
     "Sampling: --temperature above 0, --top-p or --top-k turn sampling on (as llama.cpp and "
-    "ollama do) unless --greedy is given; --temperature 0 is greedy; with none of them the "
-    "model config's search options decide (greedy for builder exports)"
+    "ollama do) unless --greedy is given; --temperature 0 is greedy. With none of them: the "
+    "model config's search options when they sample, else the makers' settings an import "
+    f"recorded ({SAMPLING_FILE}), else temperature {DEFAULT_SAMPLING['temperature']}, top-k "
+    f"{DEFAULT_SAMPLING['top_k']}, top-p {DEFAULT_SAMPLING['top_p']} (`explain` says which)"
 )
 
 
@@ -92,6 +96,26 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, metavar="S", help="random seed for sampling")
     p.add_argument("--min-length", type=int, metavar="N", help="minimum total length")
     p.add_argument("--no-repeat-ngram-size", type=int, metavar="N")
+    p.add_argument(
+        "--no-loop-guard",
+        action="store_true",
+        help=f"let a reply that repeats itself run on (default: it ends once its last "
+        f"{LOOP_SPAN}+ tokens are one block repeated)",
+    )
+
+
+def names_sampling(args: argparse.Namespace) -> bool:
+    """Whether a flag says how to choose tokens (else the defaults in force decide)."""
+    flags = (args.do_sample, args.temperature, args.top_p, args.top_k)
+    return args.greedy or any(flag is not None for flag in flags)
+
+
+def cli_search_options(args: argparse.Namespace, defaults: Defaults) -> dict[str, Any]:
+    """``search_options``, over ``defaults``' sampling when no flag names any."""
+    options = search_options(args)
+    if names_sampling(args):
+        return options
+    return {**defaults.sampling, **options}
 
 
 def search_options(args: argparse.Namespace) -> dict[str, Any]:

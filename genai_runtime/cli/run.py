@@ -11,9 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from ..decoding.stopping import StopReason, StopRule
+from ..batching.core import TokenHistory
+from ..decoding.stopping import StopPolicy, StopReason, StopRule
 from ..errors import GenerationError
 from ..extras import require_extra
+from ..generation_defaults import defaults_for
 from ..generator import Generator, GeneratorParams
 from ..multimodal.processor import TRANSCRIBE_PROMPT
 from ..timing import Timing, peak_rss_mib, timed_generate
@@ -23,6 +25,7 @@ from .common import (
     add_search_args,
     add_trust_arg,
     at_least,
+    cli_search_options,
     load_model,
     positive_int,
     search_options,
@@ -193,15 +196,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         ids = tokenizer.encode_prompt(args.prompt)
     ids = np.asarray(ids).reshape(-1)
-    options = search_options(args)
+    # Speech keeps the config's decoding (greedy, as Whisper is run); text gets the defaults.
+    defaults = defaults_for(model.spec)
+    text = args.audio is None
+    options = cli_search_options(args, defaults) if text else search_options(args)
     context = model.spec.model.context_length
     if context and len(ids) >= context:
         raise GenerationError(
             f"the prompt is {len(ids)} tokens; the model's context_length is {context}"
         )
-    if args.max_new_tokens is not None:
+    new_tokens = args.max_new_tokens
+    if new_tokens is None and args.max_length is None and text:
+        new_tokens = defaults.max_new_tokens
+    if new_tokens is not None:
         # Clamped: more new tokens than the context holds just means "until the context ends".
-        options["max_length"] = len(ids) + args.max_new_tokens
+        options["max_length"] = len(ids) + new_tokens
         if context:
             options["max_length"] = min(options["max_length"], context)
     elif args.max_length is not None:
@@ -222,19 +231,33 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name, tensor in inputs.items():
             generator.set_model_input(name, tensor)
     stream = tokenizer.create_stream()
-    stop = StopRule(model.spec.tokens.eos)
+    guard = 0 if args.no_loop_guard or not text else defaults.loop_span
+    stop = StopRule(model.spec.tokens.eos, policy=StopPolicy(loop_span=guard))
+    reply = TokenHistory()
+    reasons: list[StopReason] = []
 
-    def show(token: int) -> None:
-        if stop.check(token, generated=0, length=0) is StopReason.EOS:
-            return  # the Generator ended the row on it; its text is not the reply's
-        chunk = stream.decode(token)
-        if chunk:
-            sys.stdout.write(chunk)
-            sys.stdout.flush()
+    def show(token: int) -> bool:
+        reply.append(token)
+        reason = stop.check(token, generated=len(reply), length=0, budget=new_tokens,
+                            reply=reply.array())  # fmt: skip
+        if reason is not StopReason.EOS:  # an EOS ends the row; its text is not the reply's
+            chunk = stream.decode(token)
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        if reason is not None:
+            reasons.append(reason)
+        return reason is StopReason.LOOP
 
     timing = timed_generate(generator, ids, show)
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if reasons and reasons[-1] is StopReason.LOOP:
+        print("note: the reply kept repeating itself, so it was ended (--no-loop-guard lets "
+              "it run on)", file=sys.stderr)  # fmt: skip
+    elif reasons and reasons[-1] is StopReason.BUDGET and args.max_new_tokens is None:
+        print(f"note: cut at {new_tokens} new tokens (--max-new-tokens N for more)",
+              file=sys.stderr)  # fmt: skip
     print(timing.line(), file=sys.stderr)
     return 0
 

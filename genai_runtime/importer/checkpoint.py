@@ -161,6 +161,10 @@ class Checkpoint(Protocol):
         """Where tensor ``name`` lives, in the file's own terms (for messages)."""
         ...
 
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The makers' recommended sampling the checkpoint records, as search options."""
+        ...
+
 
 def expected_shapes(ckpt: Checkpoint) -> dict[str, tuple[int, ...]]:
     """Every tensor the decoder needs, [out, in], as the hyper-parameters imply. Fused q/k/v and

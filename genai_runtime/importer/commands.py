@@ -173,10 +173,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
         bars.close()
     state = "pulled" if fresh else "already pulled"
     print(f"{state}: {args.name} -> {out}", file=sys.stderr)
-    # A GGUF without a chat template (e.g. a base model) gets a plain-prompt hint, BOS written
-    # out when the model wants one (encode adds none by default, as the reference's).
+    # A GGUF without a chat template (e.g. a base model) gets a plain-prompt hint; run adds the
+    # BOS a model wants, so no hint types one.
     cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-    bos = cfg.get("bos_token", "") if cfg.get("add_bos_token") else ""
-    hint = '--chat -p "Hello"' if "chat_template" in cfg else f'-p "{bos}Paris is the capital of"'
+    hint = '"Hello"' if "chat_template" in cfg else '"Paris is the capital of"'
     print(f"next: genai-runtime run {args.name} {hint}", file=sys.stderr)
     return 0

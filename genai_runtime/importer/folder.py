@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import GenaiRuntimeError, ModelError, UnsupportedError
 from ..folder_hashes import OLD_REPORT_FILE, REPORT_FILE, record_files
+from ..generation_defaults import SAMPLING_FILE
 from .checkpoint import Checkpoint, Hyper
 from .destination import check_destination
 from .gemma3_graph import build_gemma3_decoder, genai_config_extras
@@ -252,6 +253,9 @@ def import_model(
         extras = genai_config_extras(model, share)
         v1["model"].update(extras["model"])
         v1["model"]["decoder"].update(extras["decoder"])
+        sampling = model.sampling_defaults()
+        if sampling:  # what run and chat sample with when no flag says otherwise
+            docs[SAMPLING_FILE] = sampling
         docs |= {
             "genai_config.json": v1,
             V2_FILE: v2_config(v1),

@@ -12,6 +12,7 @@ prefix and which family quirks (``checkpoint.FAMILIES``) apply. A file that cann
 from __future__ import annotations
 
 import math
+import numbers
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +171,16 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
     return meta, tensors
 
 
+# llama.cpp's general.sampling.* keys -> (search option, its type)
+_SAMPLING_KEYS = (
+    ("temp", "temperature", float),
+    ("top_k", "top_k", int),
+    ("top_p", "top_p", float),
+    ("min_p", "min_p", float),
+    ("penalty_repeat", "repetition_penalty", float),
+)
+
+
 class GGUFModel:
     """A GGUF file opened read-only (memory-mapped): metadata, hyper-parameters, tensors; a
     ``checkpoint.Checkpoint`` (tensors under their GGUF names, rows in half-split rope order)."""
@@ -208,6 +219,19 @@ class GGUFModel:
                 raise ModelError(f"{self.path}: GGUF metadata key {key!r} is missing")
             return default
         return self.fields[key]
+
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The makers' recommended sampling, where the file records it (``general.sampling.*``,
+        llama.cpp's keys), in search-option names; ``{}`` when it records none."""
+        out: dict[str, Any] = {}
+        for key, name, kind in _SAMPLING_KEYS:
+            value = self.fields.get(f"general.sampling.{key}")
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if number and math.isfinite(value):
+                out[name] = kind(value)
+        if "temperature" in out:
+            out["do_sample"] = out["temperature"] > 0
+        return out
 
     def _hyper(self) -> Hyper:
         a = self.arch

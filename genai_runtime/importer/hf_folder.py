@@ -292,6 +292,10 @@ class HFCheckpoint:
     def search_defaults(self) -> dict[str, Any]:
         return {k: self.generation[k] for k in SEARCH_KEYS if self.generation.get(k) is not None}
 
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The makers' recommended sampling: generation_config.json's, in search-option names."""
+        return self.search_defaults()
+
 
 def gguf_name(hf_name: str, renames: dict[str, str]) -> str | None:
     """The GGUF name of a Hugging Face tensor; None for tensors the graph does not use."""

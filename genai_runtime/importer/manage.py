@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GenaiRuntimeError, ModelError
+from ..generation_defaults import defaults_in
 from .cache import cache_root
 from .catalogue import SOURCES
 from .folder import REPORT_FILE
@@ -80,7 +81,8 @@ def cached_models(root: Path) -> list[CachedModel]:
 
 def describe(folder: Path) -> dict[str, Any]:
     """What ``show`` prints: the config's shape, the import's settings, the tokenizer's."""
-    cfg = _read_json(folder / "genai_config.json").get("model", {})
+    config = _read_json(folder / "genai_config.json")
+    cfg = config.get("model", {})
     dec = cfg.get("decoder", {})
     report = _read_json(folder / REPORT_FILE) or _read_json(folder / OLD_REPORT)
     tok = _read_json(folder / "tokenizer_config.json")
@@ -103,6 +105,9 @@ def describe(folder: Path) -> dict[str, Any]:
         "weights": report.get("weights"),
         "source": report.get("package") or report.get("source"),
         "chat_template": "yes" if template else "no",
+        "run_defaults": defaults_in(
+            folder, config.get("search", {}).get("do_sample") is True
+        ).describe(),
         "size_mib": round(folder_size(folder) / 2**20, 1),
     }
 

@@ -373,8 +373,8 @@ async def _respond(
     if max_tokens > room or room < 1:
         raise APIError(
             400,
-            f"this model's context is {eng.context} tokens; the prompt has {len(ids)} and "
-            f"max_tokens asks for {max_tokens} more",
+            f"the served context is {eng.context} tokens (serve --max-context sets it); the "
+            f"prompt has {len(ids)} and max_tokens asks for {max_tokens} more",
             param="messages" if chat else "prompt",
             code="context_length_exceeded",
         )

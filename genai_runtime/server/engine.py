@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..adapters import Adapters
-from ..batching.core import DecodeCore, Row, TokenHistory
+from ..batching.core import DecodeCore, Row, TokenHistory, context_that_fits
 from ..batching.settings import RequestSettings
 from ..batching.stops import StopMatcher, pending_stop_prefix
 from ..decoding.picker import TokenPicker
@@ -103,7 +103,11 @@ class ServerEngine:
         self.prefix_reuse = prefix_reuse
         self.tokenizer = tokenizer
         self.max_queued = max_queued
-        self.context = min(model.spec.generation.max_length, max_context or 1 << 62)
+        if max_context is None:
+            self.context, self.context_source = context_that_fits(model, max_active)
+        else:
+            self.context = min(model.spec.generation.max_length, max_context)
+            self.context_source = "--max-context"
         self.core = DecodeCore(
             model, num_slots=max_active, context=self.context, batched=batched, adapters=adapters
         )

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import math
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..batching.core import DEFAULT_MAX_CONTEXT
 from ..config.pulled import pulled_folder
 from ..errors import GenaiRuntimeError
 from .access_log import configure_logging, remove_logging
@@ -65,9 +65,14 @@ def build_engine(
     adapters: Mapping[str, str] | None = None,
     **engine_options,
 ):
-    """Load a model folder (and its LoRA ``adapters``) and start an engine over it."""
+    """Load a model folder (and its LoRA ``adapters``) and start an engine over it. A folder an
+    import wrote is checked against its recorded hashes first, as ``run`` checks it."""
+    from ..folder_hashes import verify_folder
     from ..model import Config, Model
 
+    if Path(model_dir).is_dir():
+        for note in verify_folder(model_dir, lenient=True):
+            log.warning("%s", note)
     config = Config(str(model_dir))
     if device:
         config.use_device(device)
@@ -80,8 +85,8 @@ def serve(model_dir: str, *, log_level: str = "info", **options) -> None:
     handler = configure_logging(log_level)
     try:
         handle = ServerHandle(model_dir, log_level=log_level, **options)
-        print(f"serving {handle.state.served_name!r} on {handle.url}/v1", flush=True)
-        threading.Thread(target=handle.stop_if_not_loaded, name="genai-load-watch",
+        print(f"loading {handle.state.served_name!r} ...", file=sys.stderr, flush=True)
+        threading.Thread(target=handle.announce_or_stop, name="genai-load-watch",
                          daemon=True).start()  # fmt: skip
         try:
             handle.server.run(sockets=[handle.sock])
@@ -166,11 +171,20 @@ class ServerHandle:
             log.error("%s", self.state.load_error)
         self.loaded.set()
 
-    def stop_if_not_loaded(self) -> None:
-        """Once the load ends, stop the server if it failed (``serve`` then raises the error)."""
+    def announce_or_stop(self) -> None:
+        """Once the load ends: say where the server serves (stdout), or stop it if the load
+        failed (``serve`` then raises the error). Nothing says "serving" before the model is
+        loaded and checked."""
         self.loaded.wait()
         if self.load_failure is not None:
             self.server.should_exit = True
+            return
+        engine = self.state.engine
+        print(
+            f"serving {self.state.served_name!r} on {self.url}/v1 (context {engine.context} "
+            f"tokens: {engine.context_source})",
+            flush=True,
+        )
 
     def raise_load_failure(self) -> None:
         """The load's error, if it failed, as a ``GenaiRuntimeError``."""
@@ -242,8 +256,7 @@ class ServeOptions:
         return dict(
             max_queued=self.max_queued,
             max_active=self.max_active,
-            # a cap by default: every active row's cache grows to the longest row's length
-            max_context=self.max_context or DEFAULT_MAX_CONTEXT,
+            max_context=self.max_context,  # None: the model's own, as memory allows
             batched=self.batched,
             prefix_reuse=self.prefix_reuse,
             device=self.device,

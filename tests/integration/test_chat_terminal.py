@@ -103,7 +103,8 @@ def test_chat_at_a_terminal(smollm2_dir, tmp_path, request):
         "PYTHONUNBUFFERED": "1",
     }
     argv = [sys.executable, "-m", "genai_runtime", "chat", str(smollm2_dir)]
-    argv += ["--max-new-tokens", str(MAX_NEW), "--max-length", str(MAX_LENGTH)]
+    # --greedy: the replies computed here are the config's (greedy) ones
+    argv += ["--max-new-tokens", str(MAX_NEW), "--max-length", str(MAX_LENGTH), "--greedy"]
     term = Terminal(argv, env)
     request.addfinalizer(lambda: term.child.terminate(force=True))  # if a check fails midway
     want = expected_replies(smollm2_dir)
@@ -174,3 +175,28 @@ def test_chat_at_a_terminal(smollm2_dir, tmp_path, request):
     assert term.child.exitstatus == 0
     history = (tmp_path / "cache" / "genai_runtime" / "chat_history").read_text()
     assert "My name is Ada." in history and FOURTH in history
+
+
+def test_chat_defaults_end_a_reply_inside_the_screen(smollm2_dir, tmp_path, request):
+    """With no flags (the command line's sampling, reply cap and loop guard): a long reply
+    stopped by Ctrl-C, then a one-word question gets a reply that ends by itself, well inside an
+    80 x 24 screen (the terminal is taller, so nothing scrolls away from the checks)."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "TERM": "xterm"}
+    env |= {"INPUTRC": os.devnull, "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "genai_runtime", "chat", str(smollm2_dir)]
+    term = Terminal(argv, env, rows=100, cols=80)
+    request.addfinalizer(lambda: term.child.terminate(force=True))
+    term.wait(term.idle, "the first prompt")
+    term.child.send(STOPPED + "\r")
+    term.wait(lambda: not term.idle() and len(term.text().split(STOPPED, 1)[-1]) > 20, "a reply")
+    term.child.kill(signal.SIGSTOP)
+    term.child.sendintr()
+    term.child.kill(signal.SIGCONT)
+    term.wait(term.idle, "the prompt after Ctrl-C")
+    assert " [stopped]" in term.text()
+    question = "What is the capital of France? Answer in one word."
+    term.send(question)  # waits for the next prompt: the reply ended by itself
+    reply = term.text().rsplit(question, 1)[-1].removesuffix(">").strip()
+    assert "[cut at" not in reply, reply  # ended by EOS (or the loop guard), not the cap
+    # Sampled replies vary in length; even a long one must leave the screen room to spare.
+    assert len(reply.splitlines()) <= 20, reply  # inside the 24 rows with the prompt lines

@@ -331,7 +331,9 @@ def test_migrate_stdout_is_normalised_and_idempotent(smollm2_2layers_dir, tmp_pa
 
 
 def test_run_streams_text_and_stats(smollm2_2layers_dir):
-    result = cli("run", smollm2_2layers_dir, "-p", "Once upon a time", "--max-new-tokens", "8")
+    result = cli(
+        "run", smollm2_2layers_dir, "-p", "Once upon a time", "--max-new-tokens", "8", "--greedy"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     match = STATS.search(result.stderr)
@@ -349,6 +351,7 @@ def test_run_chat_capital_of_france(smollm2_dir):
         "--chat",
         "--max-new-tokens",
         "10",
+        "--greedy",
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("The capital of France is Paris")

@@ -263,3 +263,22 @@ def test_cli_import_with_progress_bars(tiny, tmp_path, capsys):
     assert "already exists; pass --force" in capsys.readouterr().err
     assert main(["import", str(tmp_path / "nope.gguf"), str(tmp_path / "x")]) == 1
     assert "GGUF file not found" in capsys.readouterr().err
+
+
+def test_recommended_sampling_in_the_file_is_recorded_for_the_command_line(tmp_path):
+    """llama.cpp's general.sampling.* keys become the folder's generation_config.json, which
+    run and chat sample with; a file without them gets no record (their own defaults apply)."""
+    from gguf_models import write_tiny_gguf
+
+    from genai_runtime import Model
+    from genai_runtime.generation_defaults import SAMPLING_FILE, defaults_for
+
+    keys = {"temp": 0.6, "top_k": 30, "top_p": 0.85, "penalty_repeat": 1.05}
+    path = write_tiny_gguf(tmp_path / "s.gguf", sampling=keys)
+    out = import_gguf(path, tmp_path / "s", quant="fp32").out_dir
+    recorded = json.loads((out / SAMPLING_FILE).read_text())
+    want = {"temperature": 0.6, "top_k": 30, "top_p": 0.85, "repetition_penalty": 1.05}
+    assert recorded == pytest.approx({**want, "do_sample": True})
+    assert defaults_for(Model(str(out)).spec).sampling == recorded
+    bare = import_gguf(write_tiny_gguf(tmp_path / "b.gguf"), tmp_path / "b", quant="fp32")
+    assert not (bare.out_dir / SAMPLING_FILE).exists()

@@ -186,6 +186,8 @@ def test_generation_config_and_tokenizer_files_are_carried(built):
     cfg = json.loads((folder / "genai_config.json").read_text())
     assert cfg["search"]["do_sample"] is True and cfg["search"]["top_k"] == 20
     assert cfg["search"]["temperature"] == 0.7 and cfg["model"]["type"] == "qwen2"
+    recorded = json.loads((folder / "generation_config.json").read_text())  # for run and chat
+    assert recorded == {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20}
     tok = og.Tokenizer(og.Model(str(folder)))
     messages = json.dumps([{"role": "user", "content": "hi"}])
     text = tok.apply_chat_template(messages, add_generation_prompt=True)

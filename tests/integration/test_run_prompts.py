@@ -32,7 +32,9 @@ def prompt_tokens(err: str) -> int:
 
 
 def test_instruct_model_answers_through_its_template(capsys, monkeypatch, smollm2_dir):
-    code, out, err = run(capsys, monkeypatch, smollm2_dir, FRANCE, "--max-new-tokens", 8)
+    code, out, err = run(
+        capsys, monkeypatch, smollm2_dir, FRANCE, "--max-new-tokens", 8, "--greedy"
+    )
     assert code == 0, err
     assert out.startswith("The capital of France is Paris")
     assert prompt_tokens(err) == 37  # the templated prompt (the default system message too)
@@ -52,8 +54,9 @@ def test_prompt_from_argument_stdin_and_file(capsys, monkeypatch, smollm2_2layer
         (("--raw", FRANCE), None),
     ]:
         code, out, err = run(
-            capsys, monkeypatch, smollm2_2layers_dir, *args, "--max-new-tokens", 4, stdin=stdin
-        )
+            capsys, monkeypatch, smollm2_2layers_dir, *args, "--max-new-tokens", 4, "--greedy",
+            stdin=stdin,
+        )  # fmt: skip
         assert code == 0, err
         seen.append((out, prompt_tokens(err)))
     assert len(set(seen[:4])) == 1 and seen[0][1] == 37, seen
@@ -81,7 +84,7 @@ def test_temperature_samples_unless_greedy(capsys, monkeypatch, smollm2_2layers_
         assert code == 0, err
         return out
 
-    greedy = text()
+    greedy = text("--greedy")
     sampled = [text("--temperature", 0.8, "--seed", seed) for seed in (1, 2)]
     assert sampled[0] != sampled[1] and greedy not in sampled
     assert text("--temperature", 0.8, "--greedy", "--seed", 2) == greedy  # seed 2 sampled apart

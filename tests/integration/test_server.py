@@ -572,7 +572,7 @@ def test_serve_command_on_port_0():
     try:
         line = proc.stdout.readline()
         assert line.startswith(f"serving '{SMALL}' on http://127.0.0.1:")
-        url = line.split(" on ")[1].strip()
+        url = line.split(" on ")[1].split()[0]  # then "(context N tokens: ...)"
         deadline = time.monotonic() + 60
         while True:
             try:

@@ -28,6 +28,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "routing",
         "timing",
         "folder_hashes",
+        "generation_defaults",
     ),
     ("config",),
     ("kv",),

@@ -59,6 +59,7 @@ def test_openai_finish_reasons() -> None:
         StopReason.EOS: "stop",
         StopReason.STOP_STRING: "stop",
         StopReason.GRAMMAR: "stop",
+        StopReason.LOOP: "length",
         StopReason.BUDGET: "length",
         StopReason.CONTEXT: "length",
     }
