@@ -7,6 +7,7 @@ The public API is call-compatible with onnxruntime-genai's Python API::
     tokenizer = og.Tokenizer(model)
 """
 
+from . import telemetry  # noqa: F401  (first: it must run before onnxruntime is imported)
 from .adapters import Adapters
 from .batching import (
     Engine,

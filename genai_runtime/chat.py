@@ -18,7 +18,19 @@ from .generator import Generator, GeneratorParams
 from .model import Model
 from .tokenizer import Tokenizer
 
-__all__ = ["ChatSession"]
+__all__ = ["ChatSession", "ConversationFull"]
+
+
+class ConversationFull(GenerationError):
+    """The conversation with the new message no longer fits ``max_length``."""
+
+    def __init__(self, tokens: int, max_length: int, dropped: bool):
+        self.tokens, self.max_length, self.dropped = tokens, max_length, dropped
+        after = " after dropping every earlier turn" if dropped else ""
+        super().__init__(
+            f"the conversation no longer fits max_length {max_length}: it is {tokens} tokens "
+            f"with the new message{after}; start over with reset() or raise max_length"
+        )
 
 
 class ChatSession:
@@ -121,12 +133,7 @@ class ChatSession:
                 dropped += 1
                 ids = self._prompt_ids(messages)
         if len(ids) >= self.max_length:
-            after = " after dropping every earlier turn" if dropped else ""
-            raise GenerationError(
-                f"the conversation no longer fits max_length {self.max_length}: it is "
-                f"{len(ids)} tokens with the new message{after}; start over (reset(), /reset in "
-                "chat) or raise max_length"
-            )
+            raise ConversationFull(len(ids), self.max_length, bool(dropped))
         self._turn += 1
         kept = self._append(ids)
         self._before_turn = (before, kept)

@@ -42,6 +42,8 @@ class GeneratorParams:
         self.model = model
         self.search: GenerationSpec = model.spec.generation
         self.guidance: tuple[str, str] | None = None
+        # what a guidance error names: the call here, a flag on the command line
+        self.guidance_source = "set_guidance"
 
     def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False) -> None:
         """Constrain generation to a ``json_schema``, ``regex`` or ``lark_grammar`` (llguidance).
@@ -139,7 +141,7 @@ class Generator:
         # Built first: a bad chain or grammar fails before the executor allocates its buffers.
         self._picker = make_picker(
             search, eos_token_ids=spec.tokens.eos, vocab_size=vocab, batch_size=self.batch_size,
-            guidance=params.guidance,
+            guidance=params.guidance, guidance_source=params.guidance_source,
             tokenizer_json=None if spec.model_dir is None else spec.model_dir / "tokenizer.json",
         )  # fmt: skip
         check_beam_search(

@@ -8,9 +8,10 @@ stderr with exit status 1; usage errors exit 2, as argparse does.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from .. import __version__
 from ..config import V2_SCHEMA_NAME
@@ -26,6 +27,12 @@ COMMAND_GROUPS = (configs, run, chat, serve, importer_commands)
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 error, 2 usage)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = parser.commands
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:
+        print(f"genai-runtime: unknown command {argv[0]!r}{_did_you_mean(argv[0], commands)}; "
+              "genai-runtime --help lists them", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         args, extra = parser.parse_known_args(argv)
         # argparse fills an optional positional (run's PROMPT) before the options that follow
@@ -35,7 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if late and getattr(args, late) is None and lone_word:
             setattr(args, late, extra.pop())
         if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            flags = commands[args.command].flags
+            hint = _did_you_mean(extra[0].split("=", 1)[0], flags) if extra[0][:1] == "-" else ""
+            commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         check = getattr(args, "check", None)
         problem = check(args) if check is not None else None
         if problem:
@@ -59,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _print_error(exc: GenaiRuntimeError) -> None:
     if isinstance(exc, ConfigError) and len(exc.problems) > 1:
         head = f"invalid config {exc.source}" if exc.source else "invalid config"
@@ -78,4 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.add_parsers(sub)
+    parser.commands = dict(sub.choices)  # name -> its parser, for "did you mean"
+    for command in parser.commands.values():
+        command.flags = [f for a in command._actions for f in a.option_strings]
     return parser

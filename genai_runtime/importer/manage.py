@@ -96,7 +96,8 @@ def describe(folder: Path) -> dict[str, Any]:
         "architecture": report.get("architecture"),
         "layers": dec.get("num_hidden_layers"),
         "hidden_size": dec.get("hidden_size"),
-        "heads": f"{dec.get('num_attention_heads')} (kv {dec.get('num_key_value_heads')})",
+        "heads": dec.get("num_attention_heads"),
+        "kv_heads": dec.get("num_key_value_heads"),
         "head_size": dec.get("head_size"),
         "vocab_size": cfg.get("vocab_size"),
         "context_length": cfg.get("context_length"),
@@ -119,8 +120,18 @@ def cmd_list(args: Any) -> int:
         print(f"no models in {root} (genai-runtime pull --list shows what can be pulled)")
         return 0
     for m in models:
-        print(f"{m.name}\t{m.size / 2**20:.0f} MiB\t{m.quant}\t{m.source}")
+        kept = kept_gguf(m.name, root)
+        size = m.size + (kept.stat().st_size if kept else 0)
+        note = f" (GGUF kept: {kept.stat().st_size / 2**20:.0f} MiB)" if kept else ""
+        print(f"{m.name}\t{size / 2**20:.0f} MiB{note}\t{m.quant}\t{m.source}")
     return 0
+
+
+def kept_gguf(name: str, root: Path) -> Path | None:
+    """The verified GGUF ``pull`` keeps for model ``name`` (``rm`` removes it), if any."""
+    src = SOURCES.get(name)
+    gguf = root / ".gguf" / src.filename if src else None
+    return gguf if gguf is not None and gguf.is_file() else None
 
 
 def cmd_show(args: Any) -> int:
@@ -141,9 +152,8 @@ def cmd_rm(args: Any) -> int:
     folder = model_folder(args.name, root)
     shutil.rmtree(folder)
     removed = [str(folder)]
-    src = SOURCES.get(args.name)
-    gguf = root / ".gguf" / src.filename if src else None
-    if gguf is not None and gguf.is_file() and not args.keep_gguf:
+    gguf = kept_gguf(args.name, root)
+    if gguf is not None and not args.keep_gguf:
         gguf.unlink()
         removed.append(str(gguf))
     print(f"removed {', '.join(removed)}")

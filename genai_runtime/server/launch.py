@@ -3,6 +3,7 @@ before the model loads, and ``serve``'s exit when the model cannot load."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import math
@@ -140,7 +141,15 @@ class ServerHandle:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
+        try:
+            self.sock.bind((host, port))
+        except OSError as exc:
+            self.sock.close()
+            why = "it is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+            raise GenaiRuntimeError(
+                f"cannot listen on {host}:{port}: {why} (--port N picks another, --port 0 any "
+                "free one)"
+            ) from None
         # Listen now, so the URL printed before uvicorn starts already takes connections (the
         # kernel queues them); uvicorn listens on the same socket again.
         self.sock.listen(2048)

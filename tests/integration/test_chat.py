@@ -179,7 +179,8 @@ def test_cli_chat_reports_overflow_and_continues(smollm2_2layers_dir):
         timeout=120,
     )
     assert result.returncode == 0
-    assert "error: the conversation no longer fits max_length 64" in result.stderr
+    assert "error: the conversation no longer fits the context of 64 tokens" in result.stderr
+    assert "--max-length" in result.stderr and "/reset" in result.stderr  # CLI words
     assert result.stdout.count("> ") == 3  # the overflow, "Hi", then EOF
 
 

