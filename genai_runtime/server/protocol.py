@@ -17,6 +17,7 @@ import numpy as np
 from ..batching.settings import RequestSettings, SettingError, check_number
 from ..config.bounded import LimitError, check_depth
 from ..errors import GenaiRuntimeError
+from .json_schemas import closed
 from .tools import (
     ToolRequest,
     ToolRequestError,
@@ -155,6 +156,10 @@ def _json_grammar(model: Any, fmt: Mapping[str, Any]) -> Any:
         check_depth(schema, MAX_SCHEMA_DEPTH)
     except LimitError as exc:
         raise bad(f"response_format.json_schema.schema is {exc}", "response_format") from None
+    # Strict or not, an object that lists its properties and says nothing of others gets no
+    # others (OpenAI's strict rule): every such reply satisfies the schema, and small models
+    # otherwise invent keys until max_tokens. A schema that wants more says so.
+    schema = closed(schema)
     spec = model.spec
     grammar = request_grammar(model, "json_schema", schema, "response_format")
     # A schema no JSON value satisfies ({"$ref": "#"} only refers to itself) lets the grammar

@@ -19,12 +19,14 @@ reply splits into exactly the content and calls of the whole one.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..decoding.guidance import JSON_LAYOUT
+from .json_schemas import closed, rerooted
 from .tools import Tool
 
 OPEN = "<tool_call>"
@@ -63,33 +65,53 @@ class CallFormat:
     def grammar(
         self, tools: Iterable[Tool], parallel: bool, tag_ids: Mapping[str, int] | None = None
     ) -> str:
-        """An llguidance Lark grammar accepting exactly calls to ``tools``: one, or one or more
-        where ``parallel`` and the format can write several. ``tag_ids``: the tags the
-        tokenizer writes as one token of their own (``tag_tokens``), named by id: llguidance
-        reads such a token as special, never as the tag's text (Qwen2.5's ``<tool_call>``)."""
-        body = f"body: %json {json.dumps(self._schema(tools, parallel))}"
+        """An llguidance Lark grammar accepting calls to ``tools`` in the forms the parser reads
+        (``CallSplitter``) that this format's models write: tagged blocks (tagged formats), one
+        bare JSON call (or an array of them where ``parallel`` and the format writes arrays), or
+        that JSON in a Markdown fence (coder models write calls so unforced). The model is held
+        to calls, not to one way of writing them, so a reply it writes unforced passes unchanged
+        and it may end after any complete call; without ``parallel``, exactly one call.
+        ``tag_ids``: the tags the tokenizer writes as one token of their own (``tag_tokens``),
+        named by id: llguidance reads such a token as special, never as the tag's text
+        (Qwen2.5's ``<tool_call>``)."""
+        tools = list(tools)
+        several = parallel and self.json_array
+        rules = [
+            "start: json | fenced",
+            'fenced: "```" "json"? "\\n" json "\\n```"',
+            f"json: %json {json.dumps(self._schema(tools, several))}",
+        ]
         if self.tagged:
             ids = tag_ids or {}
             opening, closing = (
                 f"<[{ids[t]}]>" if t in ids else json.dumps(t) for t in (OPEN, CLOSE)
             )
             repeat = ' ("\\n" call)*' if parallel else ""
-            call = f'call: {opening} "\\n" body "\\n" {closing}'
-            return f"start: call{repeat}\n{call}\n{body}\n"
-        return f"start: body\n{body}\n"
+            rules[0] = f"start: call{repeat} | json | fenced"
+            rules.append(f'call: {opening} "\\n" one "\\n" {closing}')
+            rules.append(f"one: %json {json.dumps(self._schema(tools, False))}")
+        return "\n".join([*rules, ""])
 
-    def _schema(self, tools: Iterable[Tool], parallel: bool) -> dict[str, Any]:
+    def _schema(self, tools: Iterable[Tool], several: bool) -> dict[str, Any]:
+        tools = list(tools)
+        # where each tool's parameters sit in this schema, for their own $refs
+        base = "#/anyOf/0" if several else "#"
+        key = self.arguments_key
+        at = [
+            f"{base}/properties/{key}" if len(tools) == 1 else f"{base}/anyOf/{i}/properties/{key}"
+            for i in range(len(tools))
+        ]
         one = [
             {
                 "type": "object",
-                "properties": {"name": {"const": t.name}, self.arguments_key: closed(t.parameters)},
-                "required": ["name", self.arguments_key],
+                "properties": {"name": {"const": t.name}, key: closed(rerooted(t.parameters, p))},
+                "required": ["name", key],
                 "additionalProperties": False,
             }
-            for t in tools
+            for t, p in zip(tools, at)
         ]
         call: dict[str, Any] = one[0] if len(one) == 1 else {"anyOf": one}
-        if parallel and self.json_array and not self.tagged:
+        if several:
             call = {"anyOf": [call, {"type": "array", "items": call, "minItems": 1}]}
         # One layout (", " and ": ", no other whitespace): small models otherwise wander into
         # endless legal whitespace, as for response_format.
@@ -114,23 +136,6 @@ def tag_tokens(encode: Callable[[str], Sequence[int]]) -> dict[str, int]:
         ids = encode(tag)
         if len(ids) == 1:
             out[tag] = int(ids[0])
-    return out
-
-
-def closed(schema: Any) -> Any:
-    """``schema`` with every object that lists its properties, and says nothing of others,
-    allowing no others: what it accepts is a subset of what ``schema`` accepts, and small models
-    otherwise go on inventing keys. Only plain nesting (properties, items) is followed: closing
-    a branch of an ``allOf`` could make the whole unsatisfiable."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    if isinstance(schema.get("properties"), dict):
-        out["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
-        if "additionalProperties" not in schema and "patternProperties" not in schema:
-            out["additionalProperties"] = False
-    if isinstance(schema.get("items"), dict):
-        out["items"] = closed(schema["items"])
     return out
 
 
@@ -276,6 +281,8 @@ class CallSplitter:
             found += calls
             rest = rest[end:].lstrip(WHITESPACE + ";,")
         if not found:
+            if _cut_call(rest, self.names):  # a call the reply ended inside: not content
+                return
             return self._content(out, text)
         if fenced and rest.startswith(FENCE):
             rest = rest[len(FENCE) :]
@@ -302,6 +309,9 @@ class CallSplitter:
     def _call(self, out: list[Piece], final: bool) -> None:
         at = self._buffer.find(CLOSE)
         if at < 0 and not final:
+            return
+        if at < 0 and _cut_call(self._buffer, self.names):  # the reply ended inside a call
+            self._buffer, self._mode = "", "text"
             return
         end = len(self._buffer) if at < 0 else at + len(CLOSE)
         body = self._buffer[: len(self._buffer) if at < 0 else at]
@@ -334,6 +344,26 @@ class CallSplitter:
         if self.parallel or not self.calls:
             out.append(call)
         self.calls += 1
+
+
+_NAMED = re.compile(r'"name"\s*:\s*"([^"\\]*)"?')
+
+
+def _cut_call(text: str, names: frozenset[str]) -> bool:
+    """Whether ``text`` is the start of a call that never ended: JSON that does not parse
+    whole, naming a known function (or not yet naming anything after ``"name"``)."""
+    body = text.strip(WHITESPACE).removeprefix(FENCE).removeprefix("json").strip(WHITESPACE)
+    if not body:
+        return True  # a call block opened, then the reply ended
+    try:
+        json.loads(body)
+        return False  # whole JSON: a call or not, the parser has decided
+    except (ValueError, RecursionError):
+        pass
+    named = _NAMED.search(body)
+    if named is None:
+        return (body[:1] in "{[" and '"name"' in body) or body in ("{", "[")
+    return named.group(1) in names or any(n.startswith(named.group(1)) for n in names)
 
 
 def split_reply(text: str, names: Iterable[str], parallel: bool = True) -> list[Piece]:

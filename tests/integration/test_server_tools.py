@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tool_templates import BARE_JSON, NO_SYSTEM, TAGGED, model_with_template
 
 openai = pytest.importorskip("openai")
+pydantic = pytest.importorskip("pydantic")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
@@ -311,3 +312,92 @@ def test_special_token_text_in_tool_calls_and_tools_stays_text(full, refs_tokeni
 def refs_tokenizer():
     ref = pytest.importorskip("onnxruntime_genai")
     return ref.Tokenizer(ref.Model(str(require_shared("models", SMALL))))  # the same tokenizer
+
+
+# Bounded values (short strings, a day range), as in FORECAST_ARGS: the grammar alone decides
+# when the reply ends, whatever the small models write inside a string.
+class Place(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=12)
+    country: str = pydantic.Field(max_length=12)
+
+
+class Trip(pydantic.BaseModel):
+    """A pydantic model with a nested one: its schema refers to ``#/$defs/Place``."""
+
+    start: Place
+    end: Place
+    days: int = pydantic.Field(ge=1, le=30)
+
+
+TRIP = {"type": "function", "function": {"name": "plan_trip",
+        "parameters": Trip.model_json_schema()}}  # fmt: skip
+
+
+def test_a_nested_pydantic_tool_works_under_auto_required_and_a_named_choice(tagged):
+    """The tool's own ``$ref``s keep resolving when a forced call wraps its parameters."""
+    assert "$defs" in TRIP["function"]["parameters"]
+    client, name = _client(tagged), _name(tagged)
+    ask = [{"role": "user", "content": "Plan a 3-day trip from Paris to Rome."}]
+    named = {"type": "function", "function": {"name": "plan_trip"}}
+    for choice in ("auto", "required", named):
+        reply = client.chat.completions.create(
+            model=name, messages=ask, tools=[TRIP, WEATHER], tool_choice=choice, temperature=0,
+            max_tokens=96, parallel_tool_calls=False,  # one call: SmolLM2 never learned the tags
+        )  # fmt: skip
+        if choice == "auto":
+            continue  # the 135M model may answer in words: only the request must be served
+        assert reply.choices[0].finish_reason == "tool_calls", (choice, reply)
+        call = reply.choices[0].message.tool_calls[0].function
+        if call.name == "plan_trip":
+            Trip.model_validate_json(call.arguments)  # the nested models, every key their own
+        else:
+            jsonschema.validate(json.loads(call.arguments), WEATHER_ARGS)
+
+
+def test_a_pydantic_schema_is_answered_with_only_its_keys(tmp_path):
+    """``strict`` json_schema from a pydantic model (which never says additionalProperties):
+    the reply parses, holds only the schema's keys and ends with "stop", strict or not."""
+    handle = _serve(require_shared("models", SMALL))
+    client = _client(handle)
+    try:
+        for strict in (True, False):
+            reply = client.chat.completions.create(
+                model=_name(handle), temperature=0, max_tokens=200,
+                messages=[{"role": "user", "content": "Plan a trip from Paris to Rome."}],
+                response_format={"type": "json_schema", "json_schema": {
+                    "name": "Trip", "schema": Trip.model_json_schema(), "strict": strict}},
+            )  # fmt: skip
+            assert reply.choices[0].finish_reason == "stop", reply
+            trip = json.loads(reply.choices[0].message.content)
+            assert set(trip) == {"start", "end", "days"}
+            assert set(trip["start"]) == set(trip["end"]) == {"city", "country"}
+            Trip.model_validate(trip)
+    finally:
+        handle.stop()
+
+
+def test_required_on_the_pulled_coder_model_makes_one_call_and_stops():
+    """Qwen2.5-Coder-1.5B writes its calls in a Markdown fence unforced; under ``required``
+    (parallel calls allowed, the default) it made calls until max_tokens when only tagged calls
+    were allowed. Now: one call, finish_reason tool_calls, no content."""
+    from genai_runtime.config.pulled import pulled_folder
+
+    folder = pulled_folder("qwen2.5-coder-1.5b")
+    if folder is None:
+        pytest.skip("qwen2.5-coder-1.5b is not pulled here (genai-runtime pull qwen2.5-coder-1.5b)")
+    handle = _serve(folder)
+    try:
+        weather = {"type": "function", "function": {"name": "get_weather",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                  "required": ["city"]}}}  # fmt: skip
+        reply = _client(handle).chat.completions.create(
+            model=_name(handle), tools=[weather], tool_choice="required", temperature=0,
+            messages=[{"role": "user", "content": "What's the weather like in Paris right now?"}],
+            max_tokens=200,
+        )  # fmt: skip
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content, reply
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in
+                choice.message.tool_calls] == [("get_weather", {"city": "Paris"})]  # fmt: skip
+    finally:
+        handle.stop()

@@ -18,12 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import require_shared
 from tool_templates import BARE_JSON, NO_SYSTEM, TAGGED
 
+from genai_runtime.server.json_schemas import closed, rerooted
 from genai_runtime.server.protocol import APIError, parse_chat
 from genai_runtime.server.tool_calls import (
     CALL_FORMATS,
     CallSplitter,
     ToolCall,
-    closed,
     split_reply,
     tag_tokens,
 )
@@ -326,3 +326,101 @@ def test_a_template_without_tools_gets_them_in_the_generic_form():
     # a native template gets the messages and the tools as they are
     native = template_input(messages, request, ToolTemplate(native=True, format="tagged"))
     assert native.messages == messages and native.tools == [WEATHER, ADD]
+
+
+def _matcher(grammar: str):
+    llguidance = pytest.importorskip("llguidance")
+    from genai_runtime.decoding.guidance import load_tokenizer
+
+    path = require_shared("models", "smollm2-135m-instruct-int4", "tokenizer.json")
+    return llguidance.LLMatcher(load_tokenizer(path, 49152, [2]), grammar)
+
+
+def _accepts(grammar: str, text: str) -> tuple[bool, bool]:
+    """(whether the grammar reads all of ``text``, whether it may end there)."""
+    matcher = _matcher(grammar)
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(
+        str(require_shared("models", "smollm2-135m-instruct-int4", "tokenizer.json"))
+    )
+    ok = all(matcher.consume_token(t) for t in tok.encode(text, add_special_tokens=False).ids)
+    return ok and not matcher.get_error(), matcher.is_accepting()
+
+
+def test_forcing_holds_the_model_to_calls_not_to_one_way_of_writing_them():
+    """Under ``required`` a tagged-format model may write its call tagged, bare or in a
+    Markdown fence (as Qwen2.5-Coder does unforced), may end after any complete call, and
+    without parallel calls writes exactly one."""
+    tool = _tool()
+    call = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
+    tagged = CALL_FORMATS["tagged"]
+    for parallel in (True, False):
+        grammar = tagged.grammar([tool], parallel)
+        for text in (f"<tool_call>\n{call}\n</tool_call>", call, f"```json\n{call}\n```",
+                     f"```\n{call}\n```"):  # fmt: skip
+            assert _accepts(grammar, text) == (True, True), (parallel, text)
+    two = f"<tool_call>\n{call}\n</tool_call>\n<tool_call>\n{call}\n</tool_call>"
+    assert _accepts(tagged.grammar([tool], True), two) == (True, True)
+    assert _accepts(tagged.grammar([tool], False), two)[0] is False
+    assert _accepts(tagged.grammar([tool], True), "Sure! " + call)[0] is False  # calls only
+    generic = CALL_FORMATS["generic"].grammar([tool], True)
+    assert _accepts(generic, f"[{call}, {call}]") == (True, True)
+    assert _accepts(generic, f"<tool_call>\n{call}\n</tool_call>")[0] is False  # not its form
+
+
+def test_a_cut_call_never_lands_in_content():
+    """A reply that ended inside a call (max_tokens) gives the calls it finished and no raw
+    call text; JSON that is not a call stays content."""
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    for text, want in [
+        (f'<tool_call>\n{call}\n</tool_call>\n<tool_call>\n{{"name":', [("get_weather",)]),
+        ('<tool_call>\n{"name": "get_wea', []),
+        ("<tool_call>", []),
+        ('```json\n{"name": "get_weather", "argu', []),
+        ('{"name": "add", "arguments": {"a": 1', []),
+        ('{"a": 1', ['{"a": 1']),  # not a call: the reply's own JSON, cut
+        ("Hello <tool_call>", ["Hello "]),
+    ]:
+        pieces = split_reply(text, NAMES)
+        shape = [p if isinstance(p, str) else (p.name,) for p in pieces]
+        assert shape == want, (text, pieces)
+
+
+PYDANTIC_LIKE = {  # a model with a nested model, as pydantic writes it
+    "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"},
+                        "country": {"type": "string"}}, "required": ["city"]}},
+    "type": "object",
+    "properties": {"where": {"$ref": "#/$defs/Place"}, "also": {"$ref": "#/properties/where"},
+                   "days": {"type": "integer"}},
+    "required": ["where", "days"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("several", [False, True])
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_tools_own_refs_resolve_inside_the_call_wrapper(several, count):
+    body = _body(tools=[{"type": "function", "function": {"name": f"t{i}",
+                 "parameters": PYDANTIC_LIKE}} for i in range(count)],
+                 tool_choice="required")  # fmt: skip
+    tools = parse_chat(body).tools.callable
+    fmt = CALL_FORMATS["generic"]
+    schema = fmt._schema(tools, several)
+    good = {"name": "t0", "arguments": {"where": {"city": "Rome"}, "days": 2}}
+    jsonschema.validate(good, schema)  # the refs resolve where the tool's parameters now sit
+    for bad in ({**good, "arguments": {"where": {"town": "Rome"}, "days": 2}},  # closed, nested
+                {**good, "arguments": {"where": {"city": 5}, "days": 2}}):  # fmt: skip
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    assert rerooted({"$ref": "#"}, "#/a") == {"$ref": "#/a"}
+    assert rerooted({"enum": [{"$ref": "#/x"}]}, "#/a") == {"enum": [{"$ref": "#/x"}]}  # data
+    assert _accepts(fmt.grammar(tools, several), json.dumps(good)) == (True, True)
+
+
+def test_closed_shuts_objects_in_definitions_and_alternatives_not_intersections():
+    shut = closed({**PYDANTIC_LIKE, "anyOf": [{"properties": {"x": {}}}],
+                   "allOf": [{"properties": {"y": {}}}]})  # fmt: skip
+    assert shut["additionalProperties"] is False
+    assert shut["$defs"]["Place"]["additionalProperties"] is False
+    assert shut["anyOf"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in shut["allOf"][0]
+    assert closed({"properties": {}, "additionalProperties": True})["additionalProperties"]
