@@ -394,7 +394,12 @@ class Engine:
             self._evict(s)
 
     def _token_array(self, tokens: Any) -> np.ndarray:
-        ids = np.asarray(tokens)
+        try:
+            ids = np.asarray(tokens)
+        except (ValueError, TypeError) as exc:  # ragged lists, objects numpy cannot hold
+            raise EngineValueError(
+                f"tokens must be a one-dimensional array of ids: {exc}"
+            ) from None
         if ids.ndim != 1:
             raise EngineValueError("tokens must be a one-dimensional array.")
         if ids.size == 0:

@@ -58,6 +58,12 @@ def add_parsers(sub: Any) -> None:
 def _check(args: argparse.Namespace) -> str | None:
     if not args.ray and (args.replicas is not None or args.threads is not None):
         return "serve: --replicas and --threads are for --ray"
+    if args.api_key is not None and not args.api_key.strip():
+        return "serve: --api-key is blank (a key anyone can send); give a real key or none"
+    names = [name for name, _ in args.adapter]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        return f"serve: --adapter names {', '.join(twice)} more than once (each name one file)"
     return None
 
 

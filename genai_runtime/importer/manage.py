@@ -150,6 +150,11 @@ def cmd_show(args: Any) -> int:
 def cmd_rm(args: Any) -> int:
     root = cache_root(args.cache_dir)
     folder = model_folder(args.name, root)
+    if not ((folder / REPORT_FILE).is_file() or (folder / OLD_REPORT).is_file()):
+        raise GenaiRuntimeError(
+            f"{folder} was not written by pull or import (it has no {REPORT_FILE}); rm leaves "
+            "it alone: delete it yourself if you mean to"
+        )
     shutil.rmtree(folder)
     removed = [str(folder)]
     gguf = kept_gguf(args.name, root)

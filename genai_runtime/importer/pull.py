@@ -10,14 +10,16 @@ through a temporary folder renamed at the end, so a failure leaves nothing half-
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import DownloadError, ModelError
@@ -154,6 +156,33 @@ def fetch_gguf(
     say = say or (lambda line: None)
     store = root / ".gguf"
     store.mkdir(parents=True, exist_ok=True)
+    with _store_lock(store):
+        return _fetch(src, store, verbose, progress_factory, say)
+
+
+@contextlib.contextmanager
+def _store_lock(store: Path) -> Iterator[None]:
+    """One pull at a time writes into the store; whoever holds it removes what a killed pull
+    left (download folders, partial GGUFs), which no pull could otherwise tell from live ones."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, and leftovers stay
+        yield
+        return
+    fd = os.open(store, os.O_RDONLY)  # the folder itself is the lock: no file is left behind
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for left in [*store.glob(".download-*"), *store.glob("*.partial")]:
+            if left.is_dir() and not left.is_symlink():
+                shutil.rmtree(left, ignore_errors=True)
+            else:
+                left.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _fetch(src: Source, store: Path, verbose: bool, progress_factory, say) -> Path:
     target = store / src.filename
     if target.is_file():
         if sha256_of(target) == src.sha256:

@@ -19,6 +19,9 @@ TERMINATE = "terminate_session"
 PROFILING = "enable_profiling"
 
 
+MAX_KEY_CHARS = 1024  # onnxruntime refuses a longer run config key (a RuntimeError)
+
+
 def runtime_option(key: object, value: object) -> tuple[str, str]:
     """Check a (key, value) pair; returns it. ``terminate_session`` takes "0" or "1"."""
     if not isinstance(key, str) or not isinstance(value, str):
@@ -28,6 +31,10 @@ def runtime_option(key: object, value: object) -> tuple[str, str]:
         )
     if not key:
         raise GenerationError("set_runtime_option: the key is empty")
+    if len(key) > MAX_KEY_CHARS:
+        raise GenerationError(
+            f"set_runtime_option: the key has {len(key)} characters; at most {MAX_KEY_CHARS}"
+        )
     if key == TERMINATE and value not in ("0", "1"):
         raise GenerationError(f"set_runtime_option: {TERMINATE} expects '0' or '1', got {value!r}")
     if key == PROFILING:

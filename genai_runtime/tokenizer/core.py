@@ -666,8 +666,14 @@ class TokenizerStream:
 
 
 def folder_problems(model_dir: Path | None, tokens: Any, root: Path | None = None) -> list[str]:
-    """Load a folder's tokenizer (if it has one) and compile its chat templates (``validate``)."""
-    if model_dir is None or not (model_dir / "tokenizer.json").is_file():
+    """Load a folder's tokenizer (if it has one) and compile its chat templates (``validate``);
+    a ``tokenizer.json`` that is there but is no file is a problem, as it is to ``run``."""
+    if model_dir is None:
+        return []
+    path = model_dir / "tokenizer.json"
+    if path.exists() and not path.is_file():
+        return [f"{path}: not a file (a tokenizer.json must be the tokenizer's JSON file)"]
+    if not path.is_file():
         return []
     try:
         tokenizer = Tokenizer.from_dir(
