@@ -11,7 +11,7 @@ token-choice path), EOS ids from the model.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -130,7 +130,7 @@ class Row:
 class Choice(NamedTuple):
     token: int
     complete: bool  # a grammar cannot go on after this token
-    logits: np.ndarray | None  # the processed row it was chosen from (when asked for)
+    logits: np.ndarray | None  # the model's row it was chosen from (when asked for)
 
 
 class DecodeCore:
@@ -179,6 +179,7 @@ class DecodeCore:
         *,
         grammar: Processor | None = None,
         guidance: tuple[str, str] | None = None,
+        request_ops: Sequence[Processor] = (),
     ) -> TokenPicker:
         """A token picker for one sequence: ``generation``'s search options and, optionally, a
         built ``grammar`` or a ``guidance`` (type, data) pair compiled against the model's
@@ -186,7 +187,7 @@ class DecodeCore:
         model_dir = self.model.spec.model_dir
         return make_picker(
             generation, eos_token_ids=sorted(self.eos), vocab_size=self.vocab_size,
-            guidance=guidance, grammar_op=grammar,
+            guidance=guidance, grammar_op=grammar, request_ops=request_ops,
             tokenizer_json=None if model_dir is None else model_dir / "tokenizer.json",
         )  # fmt: skip
 
@@ -217,19 +218,17 @@ class DecodeCore:
 
     def choose(self, row: Row, *, keep_logits: bool = False) -> Choice:
         """The row's next token from its logits (consumed) through its picker, committed to the
-        picker's grammar. ``keep_logits``: also return the processed row it was drawn from."""
+        picker's grammar. ``keep_logits``: also return the model's own row, as it came from the
+        model (no bias, penalty or grammar mask: what logprobs report)."""
         logits = row.logits[None, :]
         row.logits = None
+        model = logits[0].copy() if keep_logits else None  # the picker's ops work in place
         picker = row.picker
         history = row.history.view() if picker.ops else _NO_HISTORY
-        if keep_logits:
-            logits = picker.process(history, logits)
-            token = int(picker.choose(logits, row.rng)[0])
-        else:
-            token = int(picker.pick(history, logits, row.rng)[0])
+        token = int(picker.pick(history, logits, row.rng)[0])
         complete = picker.commit(np.array([token], np.int32))
         complete = complete is not None and bool(complete[0])
-        return Choice(token, complete, logits[0] if keep_logits else None)
+        return Choice(token, complete, model)
 
     def stop_after(
         self,

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..decoding.processors import FrequencyPenalty, LogitBias, PresencePenalty, Processor
 from ..errors import GenerationError
 from ..spec import GenerationSpec
 from ..validation import shown
@@ -84,6 +85,11 @@ class RequestSettings:
     logprobs: bool = False
     top_logprobs: int = 0
     response_format: Mapping[str, Any] | None = None
+    # OpenAI's: added to a token's logit (-100 bans it, +100 all but forces it); penalties per
+    # token already in the sequence (once / per occurrence), applied before temperature
+    logit_bias: Mapping[int, float] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         checked = {
@@ -94,6 +100,10 @@ class RequestSettings:
             checked["max_tokens"] = check_number("max_tokens", self.max_tokens, 1, integer=True)
         if self.seed is not None:
             checked["seed"] = check_number("seed", self.seed, *INT64, integer=True)
+        for name in ("presence_penalty", "frequency_penalty"):
+            checked[name] = check_number(name, getattr(self, name), -2.0, 2.0)
+        if self.logit_bias is not None:
+            checked["logit_bias"] = _logit_bias(self.logit_bias)
         for name, value in checked.items():  # normalised: 5.0 -> 5, numpy scalars -> Python
             object.__setattr__(self, name, value)
 
@@ -104,3 +114,45 @@ class RequestSettings:
     def generation(self) -> GenerationSpec:
         """The search options these settings decode with."""
         return GenerationSpec.from_openai(self.temperature, self.top_p, self.top_k)
+
+    def ops(self, vocab_size: int) -> list[Processor]:
+        """The logits ops these settings add before the model's own (bias, then penalties); a
+        biased id outside the vocabulary is a ``SettingError``."""
+        out: list[Processor] = []
+        if self.logit_bias:
+            outside = [t for t in self.logit_bias if t >= vocab_size]
+            if outside:
+                raise SettingError(
+                    f"logit_bias: token id {outside[0]} is outside the vocabulary (0..."
+                    f"{vocab_size - 1})",
+                    "logit_bias",
+                )
+            out.append(LogitBias(self.logit_bias, vocab_size=vocab_size))
+        if self.presence_penalty:
+            out.append(PresencePenalty(self.presence_penalty))
+        if self.frequency_penalty:
+            out.append(FrequencyPenalty(self.frequency_penalty))
+        return out
+
+
+MAX_LOGIT_BIAS = 1024  # entries: each is one id's column, per step
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """``{token id: bias}`` from OpenAI's form (ids as JSON strings), each bias in [-100, 100]."""
+    if not isinstance(value, Mapping):
+        raise SettingError("logit_bias must be an object {token id: bias}", "logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise SettingError(
+            f"logit_bias has {len(value)} entries; at most {MAX_LOGIT_BIAS}", "logit_bias"
+        )
+    out = {}
+    for key, bias in value.items():
+        text = str(key)
+        if not text.isdigit() or len(text) > 9:
+            raise SettingError(f"logit_bias: {shown(key)} is not a token id", "logit_bias")
+        try:
+            out[int(text)] = check_number(f"logit_bias[{text}]", bias, -100.0, 100.0)
+        except SettingError as exc:  # the field is the param; the message names the entry
+            raise SettingError(str(exc), "logit_bias") from None
+    return out

@@ -78,11 +78,14 @@ def make_picker(
     tokenizer_json: Path | None = None,
     grammar_op: Processor | None = None,
     guidance_source: str = "set_guidance",
+    request_ops: Sequence[Processor] = (),
 ) -> TokenPicker:
     """The token picker a generation runs, validated in full before any token is generated.
 
     ``guidance`` is ``(type, data)`` from ``GeneratorParams.set_guidance``, whose errors name
-    ``guidance_source`` (the command line names its flag); ``grammar_op`` a
+    ``guidance_source`` (the command line names its flag); ``request_ops`` run first (a server
+    request's logit bias and penalties, before the config's ops, as OpenAI applies them before
+    temperature and top-p); ``grammar_op`` a
     grammar already built (the server builds one per request to answer a bad schema with a
     400 before queueing), placed as guidance is. Without
     ``tokenizer_json`` the grammar is only a placeholder (for ``explain`` / ``validate``).
@@ -105,7 +108,7 @@ def make_picker(
 
     if not generation.logits:
         builtins = make_chain(generation, eos_token_ids=eos_token_ids, vocab_size=vocab_size)
-        ops: list[Processor] = [] if builtins is None else list(builtins.processors)
+        ops: list[Processor] = [*request_ops, *([] if builtins is None else builtins.processors)]
         terminal = ReferenceGreedy() if generation.is_greedy else ReferenceSample(generation)
         if guidance is not None:
             grammar_op = grammar(guidance[0], guidance[1], guidance_source)
@@ -116,7 +119,7 @@ def make_picker(
         return TokenPicker(ops, terminal, reference_order=True)
 
     plan = check_chain(generation, eos_token_ids=eos_token_ids, vocab_size=vocab_size)
-    ops = []
+    ops = list(request_ops)
     grammar_at: str | None = None
     for path, spec, op in plan.links:
         if spec.kind != "grammar":

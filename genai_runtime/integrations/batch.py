@@ -103,7 +103,7 @@ class BatchRunner:
                 i = waiting.popleft()
                 s = settings[i]
                 prompt = np.asarray(prompts[i], np.int64).reshape(-1)
-                picker = core.picker(s.generation())
+                picker = core.picker(s.generation(), request_ops=s.ops(self.vocab_size))
                 rng = None if s.greedy else make_rng(_seed(s.seed))
                 row = Row(TokenHistory(prompt), picker, rng)  # type: ignore[arg-type]
                 core.place(row, slot)

@@ -33,6 +33,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..batching.settings import SettingError
 from ..decoding.picker import TokenPicker
 from ..errors import GenaiRuntimeError
 from .access_log import AccessLog, note_ignored, note_usage
@@ -330,7 +331,10 @@ def _picker(eng: ServerEngine, parsed: ParsedRequest, template: ToolTemplate | N
     else:
         fmt = parsed.sampling.response_format
         grammar = None if fmt is None else RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
-    return eng.picker(parsed.sampling, grammar)
+    try:
+        return eng.picker(parsed.sampling, grammar)
+    except SettingError as exc:  # e.g. a logit_bias id past the vocabulary
+        raise bad(str(exc), exc.param) from None
 
 
 def _tool_grammar(eng: ServerEngine, tools: ToolRequest, fmt: Any) -> Any:

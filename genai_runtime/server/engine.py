@@ -165,7 +165,8 @@ class ServerEngine:
     def picker(self, sampling: RequestSettings, grammar: Processor | None = None) -> TokenPicker:
         """The token picker for one request: its sampling settings and optional grammar (a
         ``response_format``), through the same chain a Generator uses."""
-        return self.core.picker(sampling.generation(), grammar=grammar)
+        ops = sampling.ops(self.core.vocab_size or 0)
+        return self.core.picker(sampling.generation(), grammar=grammar, request_ops=ops)
 
     def cancel(self, job: Job) -> None:
         job.cancelled = True
@@ -286,7 +287,7 @@ class ServerEngine:
 
     def _choose(self, job: Job) -> None:
         s = job.sampling
-        # with logprobs, the reply reports the distribution the token was chosen from
+        # with logprobs, the reply reports the model's own distribution, never a grammar's mask
         token, complete, logits = self.core.choose(job.row, keep_logits=s.logprobs)
         if job.first_token_at is None:
             job.first_token_at = time.monotonic()

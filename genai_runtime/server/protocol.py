@@ -41,6 +41,7 @@ CHAT_FIELDS = frozenset(
         "stream",
         "stream_options",
         "logprobs",
+        "logit_bias",
         "top_logprobs",
         "response_format",
         "frequency_penalty",
@@ -65,6 +66,7 @@ COMPLETION_FIELDS = frozenset(
         "stream",
         "stream_options",
         "logprobs",
+        "logit_bias",
         "echo",
         "frequency_penalty",
         "presence_penalty",
@@ -278,9 +280,6 @@ def _common(body: Mapping[str, Any], chat: bool) -> tuple[str, RequestSettings, 
         raise bad(f"n must be 1 (one choice per request), got {n}", "n", "unsupported_value")
     if body.get("best_of") not in (None, 1):
         raise bad("best_of must be 1", "best_of", "unsupported_value")
-    for key in ("frequency_penalty", "presence_penalty"):
-        if _number(body, key, -2.0, 2.0, 0.0) != 0.0:
-            raise bad(f"{key} is not supported (only 0)", key, "unsupported_value")
     if body.get("echo") not in (None, False):
         raise bad("echo is not supported", "echo", "unsupported_value")
     if body.get("suffix") not in (None, ""):
@@ -319,6 +318,9 @@ def _common(body: Mapping[str, Any], chat: bool) -> tuple[str, RequestSettings, 
             max_tokens=max_tokens,
             **{k: default if body.get(k) is None else body[k] for k, default in wire.items()},
             seed=body.get("seed"),
+            logit_bias=body.get("logit_bias"),
+            presence_penalty=body.get("presence_penalty") or 0.0,
+            frequency_penalty=body.get("frequency_penalty") or 0.0,
             stop=_stop(body),
             logprobs=logprobs,
             top_logprobs=top,
