@@ -21,7 +21,7 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,17 +140,21 @@ def create_app(state: ServerState) -> Starlette:
         eng, adapter = _checked(state, parsed, engine())
         note_ignored(request.scope, parsed.unknown)
         literal = not state.special_tokens_in_messages
-        ids, picker = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
-        return await _respond(request, state, eng, parsed, ids, picker, chat=True, adapter=adapter)
+        ids, pickers = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
+        return await _respond(
+            request, state, eng, parsed, [ids], pickers, chat=True, adapter=adapter
+        )
 
     async def completions(request: Request) -> Response:
         authorize(request)
         parsed = parse_completion(await _read_json(request, state))
         eng, adapter = _checked(state, parsed, engine())
         note_ignored(request.scope, parsed.unknown)
-        ids = await _off_loop(state, _completion_prompt, eng, parsed)
-        picker = _picker(eng, parsed)
-        return await _respond(request, state, eng, parsed, ids, picker, chat=False, adapter=adapter)
+        prompts = [await _off_loop(state, _completion_prompt, eng, p) for p in parsed.prompts]
+        pickers = [_picker(eng, parsed) for _ in range(len(prompts) * parsed.n)]
+        return await _respond(
+            request, state, eng, parsed, prompts, pickers, chat=False, adapter=adapter
+        )
 
     async def api_error(request: Request, exc: APIError) -> Response:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -249,8 +253,8 @@ async def _off_loop(state: ServerState, fn: Callable, *args: Any) -> Any:
 
 def _chat_prompt(
     state: ServerState, eng: ServerEngine, parsed: ParsedRequest, literal: bool
-) -> tuple[np.ndarray, Any]:
-    """(prompt ids, token picker) of a chat request; runs on a worker thread (a
+) -> tuple[np.ndarray, list[Any]]:
+    """(prompt ids, a token picker per choice) of a chat request; runs on a worker thread (a
     response_format or tool grammar compiles here)."""
     messages, tools, template, given = parsed.messages, None, None, None
     if parsed.tools is not None or uses_tools(messages):
@@ -268,19 +272,20 @@ def _chat_prompt(
     except GenaiRuntimeError as exc:  # e.g. the sandbox refused what a template tried
         param = "tools" if tools else "messages"
         raise bad(f"the chat template could not be applied: {exc}", param) from exc
-    return ids.astype(np.int64), _picker(eng, parsed, template)
+    pickers = [_picker(eng, parsed, template) for _ in range(parsed.n)]
+    return ids.astype(np.int64), pickers
 
 
-def _completion_prompt(eng: ServerEngine, parsed: ParsedRequest) -> np.ndarray:
-    """Prompt ids of a completions request; runs on a worker thread."""
-    if isinstance(parsed.prompt, list):
-        ids = np.asarray(parsed.prompt, np.int64)
+def _completion_prompt(eng: ServerEngine, prompt: str | list[int]) -> np.ndarray:
+    """Prompt ids of one completions prompt; runs on a worker thread."""
+    if isinstance(prompt, list):
+        ids = np.asarray(prompt, np.int64)
         vocab = eng.model.vocab_size or 0
         if ids.min() < 0 or ids.max() >= vocab:
             raise bad(f"prompt token ids must be in [0, {vocab})", "prompt")
         return ids
     try:  # the prompt is the client's own text: special-token text in it is meant
-        ids = eng.tokenizer.encode_with_literals(parsed.prompt)
+        ids = eng.tokenizer.encode_with_literals(prompt)
     except GenaiRuntimeError as exc:
         raise bad(f"the prompt could not be tokenized: {exc}", "prompt") from exc
     if ids.size == 0:
@@ -322,8 +327,9 @@ async def _read_body(request: Request, limit: int) -> bytearray:
 
 
 def _picker(eng: ServerEngine, parsed: ParsedRequest, template: ToolTemplate | None = None):
-    """The request's token picker: its sampling and its grammar, if any: a call to the tools
-    when tool_choice requires one (the reply is then a call, so response_format has no text to
+    """A token picker for one of the request's choices (each has its own: a grammar holds the
+    state of one reply): its sampling and its grammar, if any: a call to the tools when
+    tool_choice requires one (the reply is then a call, so response_format has no text to
     shape), else the response_format's."""
     tools = parsed.tools
     if tools is not None and tools.constrained and template is not None:
@@ -365,62 +371,98 @@ async def _respond(
     state: ServerState,
     eng: ServerEngine,
     parsed: ParsedRequest,
-    ids: np.ndarray,
-    picker: TokenPicker,
+    prompts: list[np.ndarray],
+    pickers: list[TokenPicker],
     *,
     chat: bool,
     adapter: str | None = None,
 ) -> Response:
+    """Run each prompt ``parsed.n`` times (choice ``i * n + j`` is prompt i's j-th, its seed the
+    request's plus j, so seeded choices differ) and answer with every choice."""
     s = parsed.sampling
-    room = eng.context - len(ids)
-    max_tokens = s.max_tokens if s.max_tokens is not None else room
-    if max_tokens > room or room < 1:
-        raise APIError(
-            400,
-            f"the served context is {eng.context} tokens (serve --max-context sets it); the "
-            f"prompt has {len(ids)} and max_tokens asks for {max_tokens} more",
-            param="messages" if chat else "prompt",
-            code="context_length_exceeded",
-        )
     loop = asyncio.get_running_loop()
-    job = Job(
-        prompt=ids,
-        sampling=s,
-        max_tokens=max_tokens,
-        deadline=time.monotonic() + state.timeout,
-        loop=loop,
-        events=asyncio.Queue(),
-        picker=picker,
-        adapter=adapter,
-    )
-    eng.submit(job)
+    jobs = []
+    for i, ids in enumerate(prompts):
+        room = eng.context - len(ids)
+        max_tokens = s.max_tokens if s.max_tokens is not None else room
+        if max_tokens > room or room < 1:
+            raise APIError(
+                400,
+                f"the served context is {eng.context} tokens (serve --max-context sets it); "
+                f"the prompt has {len(ids)} and max_tokens asks for {max_tokens} more",
+                param="messages" if chat else "prompt",
+                code="context_length_exceeded",
+            )
+        for j in range(parsed.n):
+            sampling = s if not j or s.seed is None else replace(s, seed=s.seed + j)
+            job = Job(
+                prompt=ids, sampling=sampling, max_tokens=max_tokens,
+                deadline=time.monotonic() + state.timeout, loop=loop, events=asyncio.Queue(),
+                picker=pickers[i * parsed.n + j], adapter=adapter,
+            )  # fmt: skip
+            jobs.append(job)
+    try:
+        for job in jobs:
+            eng.submit(job)
+    except APIError:  # the queue filled up part-way: no choice of this request runs
+        for job in jobs:
+            eng.cancel(job)
+        raise
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    log.debug("%s: %d prompt tokens, max_tokens %d", rid, len(ids), max_tokens)
-    shape = _Shape(rid, parsed.model, int(time.time()), chat, eng, _splitter(parsed))
-    if parsed.stream:
+    log.debug("%s: %d choices, %d prompt tokens", rid, len(jobs), sum(len(p) for p in prompts))
+    created = int(time.time())
+    shapes = [_Shape(rid, parsed.model, created, chat, eng, _splitter(parsed)) for _ in jobs]
+    if parsed.stream:  # one choice: the parser refuses to stream several
         return StreamingResponse(
-            _sse(request, eng, job, shape, parsed.include_usage),
+            _sse(request, eng, jobs[0], shapes[0], parsed.include_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    watcher = asyncio.create_task(_watch_disconnect(request, eng, job))
+    watchers = [asyncio.create_task(_watch_disconnect(request, eng, job)) for job in jobs[:1]]
     try:
-        text, entries = [], []
-        while True:
-            event = await job.events.get()
-            if event[0] == "delta":
-                text.append(event[1])
-                entries.extend(event[2])
-            elif event[0] == "error":
-                raise event[1]
-            elif event[0] == "gone":
+        answers = []
+        for job in jobs:
+            answer = await _answer(job)
+            if answer is None:  # the client went away: the finally cancels every choice
                 return Response(status_code=499)
-            else:
-                note_usage(request.scope, event[2])
-                return JSONResponse(shape.final("".join(text), entries, event[1], event[2]))
+            answers.append(answer)
+        bodies = [shape.final(*a) for shape, a in zip(shapes, answers)]
+        out = bodies[0]
+        out["choices"] = [{**b["choices"][0], "index": k} for k, b in enumerate(bodies)]
+        usages = [a[3] for a in answers]
+        prompt_tokens = sum(usages[i * parsed.n]["prompt_tokens"] for i in range(len(prompts)))
+        completion = sum(u["completion_tokens"] for u in usages)
+        cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+        out["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        note_usage(request.scope, out["usage"])
+        return JSONResponse(out)
     finally:
-        watcher.cancel()
-        eng.cancel(job)  # no-op once done; frees the slot if we leave early
+        for watcher in watchers:
+            watcher.cancel()
+        for job in jobs:
+            eng.cancel(job)  # no-op once done; frees the slot if we leave early
+
+
+async def _answer(job: Job) -> tuple[str, list, str, dict] | None:
+    """(text, logprob entries, finish_reason, usage) of one finished job; None if the client
+    went away."""
+    text, entries = [], []
+    while True:
+        event = await job.events.get()
+        if event[0] == "delta":
+            text.append(event[1])
+            entries.extend(event[2])
+        elif event[0] == "error":
+            raise event[1]
+        elif event[0] == "gone":
+            return None
+        else:
+            return "".join(text), entries, event[1], event[2]
 
 
 async def _watch_disconnect(request: Request, eng: ServerEngine, job: Job) -> None:

@@ -36,6 +36,7 @@ CHAT_FIELDS = frozenset(
         "top_p",
         "top_k",
         "n",
+        "best_of",
         "stop",
         "seed",
         "stream",
@@ -205,8 +206,14 @@ class ParsedRequest:
     include_usage: bool = False
     messages: list[dict[str, Any]] | None = None  # chat
     tools: ToolRequest | None = None  # chat: tools, tool_choice, parallel_tool_calls
-    prompt: str | list[int] | None = None  # completions
+    prompt: str | list[int] | None = None  # completions: the first (or only) prompt
+    prompts: tuple[str | list[int], ...] = ()  # completions: every prompt, in order
+    n: int = 1  # choices per prompt
     unknown: tuple[str, ...] = field(default=())
+
+    @property
+    def choices(self) -> int:
+        return self.n * max(1, len(self.prompts))
 
 
 def _number(body: Mapping[str, Any], key: str, low: float, high: float, default: float) -> float:
@@ -275,11 +282,6 @@ def _common(body: Mapping[str, Any], chat: bool) -> tuple[str, RequestSettings, 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad("model is required and must be a string (a served model name)", "model")
-    n = _int(body, "n", 1, None)
-    if n not in (None, 1):
-        raise bad(f"n must be 1 (one choice per request), got {n}", "n", "unsupported_value")
-    if body.get("best_of") not in (None, 1):
-        raise bad("best_of must be 1", "best_of", "unsupported_value")
     if body.get("echo") not in (None, False):
         raise bad("echo is not supported", "echo", "unsupported_value")
     if body.get("suffix") not in (None, ""):
@@ -383,8 +385,9 @@ def parse_chat(body: Any) -> ParsedRequest:
     except ToolRequestError as exc:
         raise bad(str(exc), exc.param) from None
     unknown = tuple(sorted(k for k in body if k not in CHAT_FIELDS))
+    n = _choices(body, stream, 1)
     return ParsedRequest(
-        model, sampling, stream, usage, messages=messages, tools=tools, unknown=unknown
+        model, sampling, stream, usage, messages=messages, tools=tools, n=n, unknown=unknown
     )
 
 
@@ -414,16 +417,55 @@ def parse_completion(body: Any) -> ParsedRequest:
         raise bad("the request body must be a JSON object")
     model, sampling, stream, usage = _common(body, chat=False)
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+    several = (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(p, (str, list)) for p in prompt)
+    )
+    prompts = tuple(prompt) if several else (prompt,)
+    if len(prompts) > MAX_CHOICES:
+        raise bad(f"prompt holds {len(prompts)} prompts; at most {MAX_CHOICES}", "prompt")
+    for one in prompts:
+        _check_prompt(one)
+    n = _choices(body, stream, len(prompts))
+    unknown = tuple(sorted(k for k in body if k not in COMPLETION_FIELDS))
+    return ParsedRequest(
+        model, sampling, stream, usage, prompt=prompts[0], prompts=prompts, n=n, unknown=unknown
+    )
+
+
+def _check_prompt(prompt: Any) -> None:
     if isinstance(prompt, list):
         if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise bad("prompt must be a string or a non-empty list of token ids", "prompt")
+            raise bad(
+                "prompt must be a string, a non-empty list of token ids, or a list of these",
+                "prompt",
+            )
         if not all(0 <= t <= MAX_TOKEN_ID for t in prompt):
             raise bad(f"prompt token ids must be in [0, {MAX_TOKEN_ID}]", "prompt")
     elif not isinstance(prompt, str) or not prompt:
-        raise bad("prompt must be a non-empty string (one prompt per request)", "prompt")
+        raise bad("prompt must be a non-empty string, a list of token ids, or a list of these",
+                  "prompt")  # fmt: skip
     else:
         _text(prompt, "prompt")
-    unknown = tuple(sorted(k for k in body if k not in COMPLETION_FIELDS))
-    return ParsedRequest(model, sampling, stream, usage, prompt=prompt, unknown=unknown)
+
+
+MAX_CHOICES = 16  # choices one request may ask for (n times the prompts): each takes a slot
+
+
+def _choices(body: Mapping[str, Any], stream: bool, prompts: int) -> int:
+    """``n``, checked: the choices of all prompts together at most ``MAX_CHOICES``; ``best_of``
+    only as ``n`` (nothing is scored to pick among more); one choice when streaming."""
+    n = _int(body, "n", 1, MAX_CHOICES) or 1
+    if n * prompts > MAX_CHOICES:
+        raise bad(f"n x prompts is {n * prompts}; at most {MAX_CHOICES} choices", "n")
+    best = body.get("best_of")
+    if best is not None and best != n:
+        raise bad("best_of must equal n (choices are not scored)", "best_of", "unsupported_value")
+    if stream and n * prompts > 1:
+        raise bad(
+            "streaming several choices (n > 1 or several prompts) is not supported; send "
+            "stream: false, or one request per choice",
+            "stream", "unsupported_value",
+        )  # fmt: skip
+    return n

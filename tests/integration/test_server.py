@@ -298,7 +298,7 @@ def test_auth_matrix(guarded):
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
-        ({"model": SMALL, "prompt": "Hi", "n": 2}, 400, "unsupported_value"),
+        ({"model": SMALL, "prompt": "Hi", "n": 2, "best_of": 3}, 400, "unsupported_value"),
         ({"model": SMALL, "prompt": "Hi", "max_tokens": 1024}, 400, "context_length_exceeded"),
         ({"model": "/etc/passwd", "prompt": "Hi"}, 404, "model_not_found"),
         ({"model": "../" + SMALL, "prompt": "Hi"}, 404, "model_not_found"),

@@ -90,3 +90,42 @@ def test_logprobs_under_a_grammar_report_the_models_distribution(small):
         values = [entry.logprob, *(t.logprob for t in entry.top_logprobs)]
         assert all(math.isfinite(v) and v > -1e4 for v in values), entry
         assert len(entry.top_logprobs) == 5
+
+
+def test_n_gives_n_choices_equal_under_greedy_and_apart_under_a_seeded_sample(small):
+    client, name = _client(small), small.state.served_name
+    ask = [{"role": "user", "content": "Tell me a story."}]
+    greedy = client.chat.completions.create(model=name, messages=ask, n=2, temperature=0,
+                                            max_tokens=12)  # fmt: skip
+    assert [c.index for c in greedy.choices] == [0, 1]
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    one = client.chat.completions.create(model=name, messages=ask, temperature=0, max_tokens=12)
+    assert greedy.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counts once
+    assert greedy.usage.completion_tokens == 2 * one.usage.completion_tokens
+    sampled = client.chat.completions.create(model=name, messages=ask, n=2, temperature=1.0,
+                                             seed=7, max_tokens=12)  # fmt: skip
+    texts = [c.message.content for c in sampled.choices]
+    assert texts[0] != texts[1]
+    again = client.chat.completions.create(model=name, messages=ask, n=2, temperature=1.0,
+                                           seed=7, max_tokens=12)  # fmt: skip
+    assert [c.message.content for c in again.choices] == texts  # seeded: reproducible
+
+
+def test_several_prompts_give_a_choice_each(small):
+    client, name = _client(small), small.state.served_name
+    prompts = ["The capital of France is", "Once upon a time"]
+    both = client.completions.create(model=name, prompt=prompts, max_tokens=6, temperature=0)
+    alone = [client.completions.create(model=name, prompt=p, max_tokens=6, temperature=0)
+             for p in prompts]  # fmt: skip
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.text for c in both.choices] == [a.choices[0].text for a in alone]
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+
+
+def test_streaming_several_choices_is_refused_by_name(small):
+    body = {"model": small.state.served_name, "prompt": "Hi", "max_tokens": 2, "n": 2,
+            "stream": True}  # fmt: skip
+    reply = httpx.post(small.url + "/v1/completions", json=body, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream"
+    too_many = {**body, "stream": False, "n": 17}
+    assert httpx.post(small.url + "/v1/completions", json=too_many, timeout=60).status_code == 400
