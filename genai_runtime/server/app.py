@@ -47,6 +47,7 @@ from .protocol import (
     parse_completion,
     request_grammar,
 )
+from .responses import ResponseStore, assistant_message, chat_body, events, response
 from .tool_calls import CALL_FORMATS, CallSplitter, ToolCall, tag_tokens
 from .tool_prompt import ToolTemplate, check_reaches, probe, template_input, uses_tools
 from .tools import ToolRequest, ToolRequestError
@@ -57,7 +58,10 @@ log = logging.getLogger("genai_runtime.server")
 DEFAULT_MAX_BODY = 1 << 20
 DEFAULT_TIMEOUT = 600.0
 DEFAULT_READ_TIMEOUT = 30.0  # for a request's headers, then for its body
-ROUTES = ("/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
+ROUTES = (
+    "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions",
+    "/v1/responses",
+)  # fmt: skip
 
 
 @dataclass
@@ -76,6 +80,7 @@ class ServerState:
     load_error: str | None = None
     tool_template: ToolTemplate | None = None  # how the chat template takes tools, once asked
     created: int = 0
+    responses: ResponseStore = field(default_factory=ResponseStore)  # previous_response_id
     # Chat templates, tokenizing and grammar compiles run here, off the event loop.
     workers: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(
@@ -156,6 +161,33 @@ def create_app(state: ServerState) -> Starlette:
             request, state, eng, parsed, prompts, pickers, chat=False, adapter=adapter
         )
 
+    async def responses(request: Request) -> Response:
+        authorize(request)
+        body = await _read_json(request, state)
+        chat_request, messages, tools = chat_body(body, state.responses)
+        parsed = parse_chat(chat_request)
+        eng, adapter = _checked(state, parsed, engine())
+        literal = not state.special_tokens_in_messages
+        ids, pickers = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
+        reply = await _respond(
+            request, state, eng, parsed, [ids], pickers, chat=True, adapter=adapter
+        )
+        rid = "resp_" + uuid.uuid4().hex[:24]
+
+        def keep(out: dict[str, Any]) -> None:
+            state.responses.put(rid, [*messages, assistant_message(out)], tools)
+
+        if isinstance(reply, StreamingResponse):
+            return StreamingResponse(
+                events(reply.body_iterator, rid, body, keep), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )  # fmt: skip
+        if not isinstance(reply, JSONResponse):  # the client went away
+            return reply
+        out = response(json.loads(reply.body), rid, body)
+        keep(out)
+        return JSONResponse(out)
+
     async def api_error(request: Request, exc: APIError) -> Response:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
@@ -171,6 +203,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/models/{name:path}", model_info, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         transcription_route(state, authorize, engine),
     ]
     return Starlette(
