@@ -47,8 +47,10 @@ from .protocol import (
     parse_completion,
     request_grammar,
 )
+from .reasoning import ThinkSplitter, template_variables, thinks
+from .replies import ReplyShape
 from .responses import ResponseStore, assistant_message, chat_body, events, response
-from .tool_calls import CALL_FORMATS, CallSplitter, ToolCall, tag_tokens
+from .tool_calls import CALL_FORMATS, CallSplitter, tag_tokens
 from .tool_prompt import ToolTemplate, check_reaches, probe, template_input, uses_tools
 from .tools import ToolRequest, ToolRequestError
 from .transcriptions import DEFAULT_MAX_AUDIO_BYTES, transcription_route
@@ -145,7 +147,7 @@ def create_app(state: ServerState) -> Starlette:
         eng, adapter = _checked(state, parsed, engine())
         note_ignored(request.scope, parsed.unknown)
         literal = not state.special_tokens_in_messages
-        ids, pickers = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
+        ids, pickers, parsed = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
         return await _respond(
             request, state, eng, parsed, [ids], pickers, chat=True, adapter=adapter
         )
@@ -168,7 +170,7 @@ def create_app(state: ServerState) -> Starlette:
         parsed = parse_chat(chat_request)
         eng, adapter = _checked(state, parsed, engine())
         literal = not state.special_tokens_in_messages
-        ids, pickers = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
+        ids, pickers, parsed = await _off_loop(state, _chat_prompt, state, eng, parsed, literal)
         reply = await _respond(
             request, state, eng, parsed, [ids], pickers, chat=True, adapter=adapter
         )
@@ -286,9 +288,10 @@ async def _off_loop(state: ServerState, fn: Callable, *args: Any) -> Any:
 
 def _chat_prompt(
     state: ServerState, eng: ServerEngine, parsed: ParsedRequest, literal: bool
-) -> tuple[np.ndarray, list[Any]]:
-    """(prompt ids, a token picker per choice) of a chat request; runs on a worker thread (a
-    response_format or tool grammar compiles here)."""
+) -> tuple[np.ndarray, list[Any], ParsedRequest]:
+    """(prompt ids, a token picker per choice, the request with the prompt text when replies
+    may think) of a chat request; runs on a worker thread (a response_format or tool grammar
+    compiles here)."""
     messages, tools, template, given = parsed.messages, None, None, None
     if parsed.tools is not None or uses_tools(messages):
         if state.tool_template is None:
@@ -299,14 +302,22 @@ def _chat_prompt(
     try:
         if given is not None and given.instructions is not None:
             check_reaches(eng.tokenizer.apply_chat_template(messages), given)
-        ids = eng.tokenizer.encode_chat(messages, tools=tools, literal_content=literal)
+        source = eng.tokenizer.templates.pick(tools is not None)
+        variables = template_variables(parsed.template_fields, source)
+        ids = eng.tokenizer.encode_chat(
+            messages, tools=tools, literal_content=literal, template_kwargs=variables
+        )
+        if thinks(source):
+            text = eng.tokenizer.apply_chat_template(messages, tools=tools,
+                                                     template_kwargs=variables)  # fmt: skip
+            parsed = replace(parsed, think_prompt=text)
     except ToolRequestError as exc:
         raise bad(str(exc), exc.param) from None
     except GenaiRuntimeError as exc:  # e.g. the sandbox refused what a template tried
         param = "tools" if tools else "messages"
         raise bad(f"the chat template could not be applied: {exc}", param) from exc
     pickers = [_picker(eng, parsed, template) for _ in range(parsed.n)]
-    return ids.astype(np.int64), pickers
+    return ids.astype(np.int64), pickers, parsed
 
 
 def _completion_prompt(eng: ServerEngine, prompt: str | list[int]) -> np.ndarray:
@@ -391,6 +402,10 @@ def _tool_grammar(eng: ServerEngine, tools: ToolRequest, fmt: Any) -> Any:
         raise
 
 
+def _thinking(parsed: ParsedRequest) -> ThinkSplitter | None:
+    return None if parsed.think_prompt is None else ThinkSplitter(parsed.think_prompt)
+
+
 def _splitter(parsed: ParsedRequest) -> CallSplitter | None:
     """What finds the calls in a reply to ``parsed`` (None: calls are not allowed)."""
     tools = parsed.tools
@@ -444,7 +459,10 @@ async def _respond(
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     log.debug("%s: %d choices, %d prompt tokens", rid, len(jobs), sum(len(p) for p in prompts))
     created = int(time.time())
-    shapes = [_Shape(rid, parsed.model, created, chat, eng, _splitter(parsed)) for _ in jobs]
+    shapes = [
+        ReplyShape(rid, parsed.model, created, chat, eng, _splitter(parsed), _thinking(parsed))
+        for _ in jobs
+    ]
     if parsed.stream:  # one choice: the parser refuses to stream several
         return StreamingResponse(
             _sse(request, eng, jobs[0], shapes[0], parsed.include_usage),
@@ -510,7 +528,7 @@ async def _watch_disconnect(request: Request, eng: ServerEngine, job: Job) -> No
 
 
 async def _sse(
-    request: Request, eng: ServerEngine, job: Job, shape: _Shape, include_usage: bool
+    request: Request, eng: ServerEngine, job: Job, shape: ReplyShape, include_usage: bool
 ) -> AsyncIterator[str]:
     watcher = asyncio.create_task(_watch_disconnect(request, eng, job))
     try:
@@ -540,134 +558,6 @@ async def _sse(
 
 def _frame(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-@dataclass
-class _Shape:
-    """Builds the OpenAI response objects for one request; a ``splitter`` takes the tool calls
-    out of a chat reply's text."""
-
-    rid: str
-    model: str
-    created: int
-    chat: bool
-    engine: ServerEngine
-    splitter: CallSplitter | None = None
-    calls: int = 0  # tool calls streamed so far
-
-    def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
-
-    def chunk(
-        self,
-        *,
-        text: str = "",
-        entries: list | None = None,
-        finish: str | None = None,
-        role: bool = False,
-        usage: bool = False,
-        delta: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        logprobs = self._logprobs(entries) if entries else None
-        if self.chat:
-            if delta is None:
-                delta = {}
-                if role:
-                    delta = {"role": "assistant", "content": ""}
-                elif finish is None:
-                    delta = {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-            out = self._head("chat.completion.chunk")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-            out = self._head("text_completion")
-        out["choices"] = [choice]
-        if usage:
-            out["usage"] = None
-        return out
-
-    def deltas(self, text: str, entries: list, usage: bool) -> list[dict[str, Any]]:
-        """The chunks for newly generated ``text``."""
-        if self.splitter is None:
-            return [self.chunk(text=text, entries=entries, usage=usage)]
-        return self._pieces(self.splitter.feed(text), entries, usage)
-
-    def closing(self, finish: str, usage: bool) -> list[dict[str, Any]]:
-        """The chunks that end the choice: held-back text or calls, then the finish reason."""
-        chunks = [] if self.splitter is None else self._pieces(self.splitter.finish(), [], usage)
-        finish = "tool_calls" if self.calls and finish == "stop" else finish
-        return [*chunks, self.chunk(finish=finish, usage=usage)]
-
-    def _pieces(self, pieces: list, entries: list, usage: bool) -> list[dict[str, Any]]:
-        chunks = []
-        for piece in pieces:
-            if isinstance(piece, str):
-                chunks.append(self.chunk(text=piece, entries=entries, usage=usage))
-                entries = []
-                continue
-            # As OpenAI streams a call: its id and name first, then the arguments.
-            head = {"index": self.calls, "id": piece.id, "type": "function",
-                    "function": {"name": piece.name, "arguments": ""}}  # fmt: skip
-            rest = {"index": self.calls, "function": {"arguments": piece.arguments}}
-            chunks.append(self.chunk(delta={"tool_calls": [head]}, entries=entries, usage=usage))
-            chunks.append(self.chunk(delta={"tool_calls": [rest]}, usage=usage))
-            entries = []
-            self.calls += 1
-        if entries:  # logprobs of tokens whose text is held back
-            chunks.append(self.chunk(text="", entries=entries, usage=usage))
-        return chunks
-
-    def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
-        out = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        out["choices"] = []
-        out["usage"] = usage
-        return out
-
-    def final(self, text: str, entries: list, finish: str, usage: dict) -> dict[str, Any]:
-        logprobs = self._logprobs(entries) if entries else None
-        if self.chat:
-            calls: list[ToolCall] = []
-            if self.splitter is not None:
-                pieces = self.splitter.feed(text) + self.splitter.finish()
-                text = "".join(p for p in pieces if isinstance(p, str))
-                calls = [p for p in pieces if isinstance(p, ToolCall)]
-            message: dict[str, Any] = {"role": "assistant", "content": text or None}
-            if calls:  # a reply cut by max_tokens keeps "length"
-                message["tool_calls"] = [c.as_openai() for c in calls]
-                finish = "tool_calls" if finish == "stop" else finish
-            elif not text:
-                message["content"] = ""
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
-            out = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-            out = self._head("text_completion")
-        out["choices"] = [choice]
-        out["usage"] = usage
-        return out
-
-    def _token(self, token: int) -> tuple[str, list[int]]:
-        data = self.engine.tokenizer._decode_bytes([token])
-        return data.decode("utf-8", "replace"), list(data)
-
-    def _logprobs(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        if self.chat:
-            content = []
-            for e in entries:
-                text, raw = self._token(e["id"])
-                top = []
-                for t, lp in e["top"]:
-                    ttext, traw = self._token(t)
-                    top.append({"token": ttext, "logprob": lp, "bytes": traw})
-                content.append(
-                    {"token": text, "logprob": e["logprob"], "bytes": raw, "top_logprobs": top}
-                )
-            return {"content": content}
-        return {
-            "tokens": [self._token(e["id"])[0] for e in entries],
-            "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{self._token(t)[0]: lp for t, lp in e["top"]} for e in entries],
-        }
 
 
 def _metrics(state: ServerState) -> str:

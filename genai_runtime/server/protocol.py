@@ -36,6 +36,8 @@ CHAT_FIELDS = frozenset(
         "top_p",
         "top_k",
         "n",
+        "chat_template_kwargs",
+        "reasoning_effort",
         "best_of",
         "stop",
         "seed",
@@ -209,6 +211,9 @@ class ParsedRequest:
     prompt: str | list[int] | None = None  # completions: the first (or only) prompt
     prompts: tuple[str | list[int], ...] = ()  # completions: every prompt, in order
     n: int = 1  # choices per prompt
+    # chat: what the template is given beyond the messages (``reasoning`` reads it)
+    template_fields: Mapping[str, Any] = field(default_factory=dict)
+    think_prompt: str | None = None  # chat: the prompt text, when replies may think
     unknown: tuple[str, ...] = field(default=())
 
     @property
@@ -386,9 +391,11 @@ def parse_chat(body: Any) -> ParsedRequest:
         raise bad(str(exc), exc.param) from None
     unknown = tuple(sorted(k for k in body if k not in CHAT_FIELDS))
     n = _choices(body, stream, 1)
+    fields = {k: body[k] for k in ("chat_template_kwargs", "reasoning_effort") if k in body}
     return ParsedRequest(
-        model, sampling, stream, usage, messages=messages, tools=tools, n=n, unknown=unknown
-    )
+        model, sampling, stream, usage, messages=messages, tools=tools, n=n,
+        template_fields=fields, unknown=unknown,
+    )  # fmt: skip
 
 
 def _message(m: Any, i: int, earlier: list[dict[str, Any]]) -> dict[str, Any]:

@@ -390,6 +390,7 @@ class Tokenizer:
         tools: str | Sequence[Any] | None = None,
         add_generation_prompt: bool = True,
         literal_content: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> np.ndarray:
         """Ids of the chat prompt: ``apply_chat_template`` encoded whole (a NUL is data), with
         ``encode_prompt``'s BOS rule. Every caller that turns messages into a prompt (``run``,
@@ -407,7 +408,7 @@ class Tokenizer:
         def render(msgs: Any, tool_defs: Any) -> str:
             return self.apply_chat_template(
                 msgs, template_str=template_str, tools=tool_defs,
-                add_generation_prompt=add_generation_prompt,
+                add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs,
             )  # fmt: skip
 
         if not literal_content:
@@ -570,15 +571,18 @@ class Tokenizer:
         template_str: str | None = None,
         tools: str | Sequence[Any] | None = None,
         add_generation_prompt: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """Render a conversation to the prompt text (not tokenized).
 
         ``messages`` is a JSON string (the reference's form) or a list of dicts; ``tools`` the
-        same or None. ``template_str`` overrides the model's own template.
+        same or None. ``template_str`` overrides the model's own template; ``template_kwargs``
+        are further variables it reads (as Hugging Face's keyword arguments: ``enable_thinking``).
         """
         return self.templates.render(
             messages, template_str=template_str, tools=tools,
             add_generation_prompt=add_generation_prompt, special_text=self._special_text,
+            variables=template_kwargs,
         )  # fmt: skip
 
 

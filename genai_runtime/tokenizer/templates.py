@@ -235,8 +235,10 @@ class ChatTemplates:
         tools: str | Sequence[Any] | None,
         add_generation_prompt: bool,
         special_text: Mapping[str, str],
+        variables: Mapping[str, Any] | None = None,
     ) -> str:
-        """The prompt text for ``messages`` (a JSON string or a list of dicts)."""
+        """The prompt text for ``messages`` (a JSON string or a list of dicts); ``variables``
+        are further names the template reads (``enable_thinking``), never replacing these."""
         parsed = json_arg(messages, "messages")
         if not isinstance(parsed, list) or not all(isinstance(m, Mapping) for m in parsed):
             raise TokenizerError(
@@ -248,11 +250,12 @@ class ChatTemplates:
         tool_list = tool_definitions(tools)
         source = template_str or self.pick(tool_list is not None)
         template = compile_template(source)
-        context: dict[str, Any] = dict(special_text)
+        context: dict[str, Any] = {**(variables or {}), **special_text}
         context.update(
             messages=parsed, tools=tool_list, add_generation_prompt=bool(add_generation_prompt)
         )
         size = text_size(parsed) + text_size(tool_list) + text_size(dict(special_text))
+        size += text_size(dict(variables or {}))
         try:
             return render_bounded(template, context, size)
         except TemplateLimitError as exc:
