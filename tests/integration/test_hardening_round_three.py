@@ -76,3 +76,31 @@ def test_a_later_pull_removes_what_a_killed_pull_left(tmp_path):
     assert fetch_gguf(src, tmp_path) == store / "model.gguf"
     left = sorted(p.name for p in store.iterdir())
     assert left == ["model.gguf"], left
+
+
+def test_a_client_that_half_closes_still_gets_its_reply(smollm2_2layers_dir):
+    """``shutdown(SHUT_WR)`` after the request (what ``curl`` or a proxy may do): the reply
+    still comes, then the connection closes."""
+    import json
+    import socket
+
+    pytest.importorskip("uvicorn")
+    from genai_runtime.server import ServerHandle
+
+    handle = ServerHandle(str(smollm2_2layers_dir), port=0).start()
+    try:
+        host, port = handle.url.removeprefix("http://").split(":")
+        body = json.dumps({"model": handle.state.served_name, "prompt": "Hi", "max_tokens": 2,
+                           "temperature": 0}).encode()  # fmt: skip
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(head + body)
+            sock.shutdown(socket.SHUT_WR)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        assert data.startswith(b"HTTP/1.1 200 OK"), data[:200]
+        assert b'"text_completion"' in data
+    finally:
+        handle.stop()
