@@ -28,14 +28,6 @@ class _HeadTimeoutProtocol(H11Protocol):
         super().data_received(data)
         self._watch_head()
 
-    def eof_received(self) -> bool | None:
-        # A client that half-closes after sending its request (shutdown(SHUT_WR)) still reads
-        # the reply: keep the transport open while a request is answered (uvicorn's default
-        # lets asyncio close it at once, so no reply ever went out).
-        if self.conn.their_state is h11.IDLE:
-            return None  # nothing asked: close
-        return True
-
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_watching()
         super().connection_lost(exc)
