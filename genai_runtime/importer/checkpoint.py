@@ -13,6 +13,7 @@ decoder block, and the few facts neither file states.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -132,6 +133,24 @@ def inverse_frequencies(rope: Rope, long: bool = False) -> np.ndarray:
     return inv_freq
 
 
+def rope_problem(h: Hyper) -> str | None:
+    """What makes the rotary tables unusable in the fp32 graph (None: nothing): a tiny base or
+    factor overflows the inverse frequencies, a NaN factor poisons them."""
+    local = dataclasses.replace(h.rope, base=h.local_rope_base, linear=1.0, factors=())
+    ropes = [(h.rope, False), (h.rope, True)] if h.rope.long_factors else [(h.rope, False)]
+    if h.local_layers:
+        ropes.append((local, False))
+    with np.errstate(all="ignore"):
+        for rope, long in ropes:
+            inv = inverse_frequencies(rope, long)
+            if not np.all(np.isfinite(inv) & (np.abs(inv) < np.finfo(np.float32).max)):
+                return (
+                    f"rope base {rope.base} and its scaling give inverse frequencies outside "
+                    "float32's range"
+                )
+    return None
+
+
 @dataclass(frozen=True)
 class SourceWeight:
     """One tensor of a checkpoint, read on demand: ``fp32()`` [out, in] (or [n]) in the graph's
@@ -227,6 +246,6 @@ def check_shapes(ckpt: Checkpoint, origin: str) -> None:
 
 def longrope_scale(context: int, original: int) -> float:
     """Phi-3's longrope cos/sin scale: sqrt(1 + ln(context / original) / ln(original))."""
-    if not original or context <= original:
+    if original <= 1 or context <= original:  # ln(1) = 0 would divide by zero
         return 1.0
     return math.sqrt(1 + math.log(context / original) / math.log(original))

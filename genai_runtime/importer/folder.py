@@ -149,7 +149,7 @@ def open_checkpoint(source: str | os.PathLike) -> Checkpoint:
     """A GGUF file or a Hugging Face folder (``config.json`` + ``*.safetensors``)."""
     path = Path(source)
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if not (path / "config.json").exists():  # one that is not a file: HFCheckpoint says
             raise ModelError(
                 f"{path}: not a Hugging Face checkpoint folder (no config.json) and not a GGUF file"
             )

@@ -17,17 +17,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelError
+from .bounds import SHAPES, Bound, is_int, shown
 
 MAX_TENSORS = 1 << 16  # the largest real models have a few thousand
 MAX_KEYS = 1 << 16
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ALIGNMENT = 1 << 16
-MAX_LAYERS = 4096
-MAX_CONTEXT = 1 << 21  # rope tables hold context_length rows; 2M tokens is past any real model
-MAX_WIDTH = 1 << 18  # embedding / feed-forward widths
-MAX_HEADS = 1 << 12
-MAX_HEAD_SIZE = 1 << 12
-MAX_VOCAB = 1 << 24
+# The shape bounds are shared with the Hugging Face import (bounds.SHAPES).
+MAX_VOCAB = int(SHAPES.vocab.high)
 
 # Metadata arrays the importer reads (by full key, or by the part after "{arch}."); the reader
 # skips every other array without building it.
@@ -70,11 +67,11 @@ def check_counts(path: Path, n_tensors: int, n_keys: int) -> None:
 def alignment(path: Path, meta: Mapping[str, Any]) -> int:
     """``general.alignment`` (default 32): a power of two, a multiple of 8, at most 64 KiB."""
     value = meta.get("general.alignment", 32)
-    ok = _is_int(value) and 8 <= value <= MAX_ALIGNMENT and value & (value - 1) == 0
+    ok = is_int(value) and 8 <= value <= MAX_ALIGNMENT and value & (value - 1) == 0
     if not ok:
         raise _fail(
             path,
-            f"general.alignment is {_shown(value)}; expected a power of two between 8 and "
+            f"general.alignment is {shown(value)}; expected a power of two between 8 and "
             f"{MAX_ALIGNMENT} (tensor data would be read at wrong offsets)",
         )
     return int(value)
@@ -95,45 +92,13 @@ def check_tensor(
 # -- metadata ---------------------------------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
-
-
-def _is_number(value: Any) -> bool:
-    return _is_int(value) or isinstance(value, float | np.floating)
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
-
-
 def _int(low: int, high: int) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        if not _is_int(value):
-            return f"expected an integer, got {_shown(value)}"
-        if not low <= value <= high:
-            return f"expected an integer between {low} and {high}, got {value}"
-        return None
-
-    return check
-
-
-def _number(low: float, high: float, *, open_low: bool = False) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        if not _is_number(value) or not math.isfinite(value):
-            return f"expected a finite number, got {_shown(value)}"
-        if value > high or value < low or (open_low and value == low):
-            bound = f"> {low}" if open_low else f">= {low}"
-            return f"expected a number {bound} and <= {high}, got {value}"
-        return None
-
-    return check
+    return Bound(low, high).problem
 
 
 def _text(value: Any) -> str | None:
     if not isinstance(value, str):
-        return f"expected a string, got {_shown(value)}"
+        return f"expected a string, got {shown(value)}"
     return _utf8(value)
 
 
@@ -147,37 +112,37 @@ def _utf8(text: str) -> str | None:
 
 
 def _flag(value: Any) -> str | None:
-    return None if isinstance(value, bool) else f"expected a boolean, got {_shown(value)}"
+    return None if isinstance(value, bool) else f"expected a boolean, got {shown(value)}"
 
 
 def _pattern(value: Any) -> str | None:
     """Sliding-window layers: every Nth layer global, or one flag per layer."""
     if isinstance(value, np.ndarray) and value.dtype.kind in "biu":
         return None
-    return _int(0, MAX_LAYERS)(value)
+    return SHAPES.layer_number.problem(value)
 
 
 # "{arch}.<suffix>" -> check of its value (absent keys take the reader's defaults).
 ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
-    "block_count": _int(1, MAX_LAYERS),
-    "context_length": _int(1, MAX_CONTEXT),
-    "embedding_length": _int(1, MAX_WIDTH),
-    "feed_forward_length": _int(1, MAX_WIDTH),
-    "attention.head_count": _int(1, MAX_HEADS),
-    "attention.head_count_kv": _int(1, MAX_HEADS),
-    "attention.key_length": _int(1, MAX_HEAD_SIZE),
-    "vocab_size": _int(1, MAX_VOCAB),
-    "rope.dimension_count": _int(2, MAX_HEAD_SIZE),
-    "rope.freq_base": _number(0.0, 1e12, open_low=True),
+    "block_count": SHAPES.layers.problem,
+    "context_length": SHAPES.context.problem,
+    "embedding_length": SHAPES.hidden.problem,
+    "feed_forward_length": SHAPES.ffn.problem,
+    "attention.head_count": SHAPES.heads.problem,
+    "attention.head_count_kv": SHAPES.kv_heads.problem,
+    "attention.key_length": SHAPES.head_size.problem,
+    "vocab_size": SHAPES.vocab.problem,
+    "rope.dimension_count": SHAPES.rope_dim.problem,
+    "rope.freq_base": SHAPES.rope_base.problem,
     "rope.scaling.type": _text,
-    "rope.scaling.factor": _number(0.0, 1e6, open_low=True),
-    "rope.scaling.original_context_length": _int(0, MAX_CONTEXT),
-    "rope.scaling.attn_factor": _number(0.0, 1e6, open_low=True),
-    "attention.layer_norm_rms_epsilon": _number(0.0, 1.0, open_low=True),
-    "attention.sliding_window": _int(0, MAX_CONTEXT),
+    "rope.scaling.factor": SHAPES.rope_factor.problem,
+    "rope.scaling.original_context_length": SHAPES.original_context.problem,
+    "rope.scaling.attn_factor": SHAPES.rope_factor.problem,
+    "attention.layer_norm_rms_epsilon": SHAPES.norm_eps.problem,
+    "attention.sliding_window": SHAPES.window.problem,
     "attention.sliding_window_pattern": _pattern,
-    "final_logit_softcapping": _number(0.0, 1e6),
-    "attn_logit_softcapping": _number(0.0, 1e6),
+    "final_logit_softcapping": SHAPES.softcap.problem,
+    "attn_logit_softcapping": SHAPES.softcap.problem,
 }
 TOKENIZER_KEYS: dict[str, Callable[[Any], str | None]] = {
     "tokenizer.ggml.model": _text,
@@ -252,7 +217,7 @@ def _vocabulary(meta: Mapping[str, Any]) -> list[str]:
     if tokens is None:
         return []
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-        return [f"tokenizer.ggml.tokens: expected an array of strings, got {_shown(tokens)}"]
+        return [f"tokenizer.ggml.tokens: expected an array of strings, got {shown(tokens)}"]
     problems = []
     count = len(tokens)
     if not 1 <= count <= MAX_VOCAB:
@@ -260,7 +225,7 @@ def _vocabulary(meta: Mapping[str, Any]) -> list[str]:
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
         items = meta.get(key, [])
         if not isinstance(items, list) or not all(isinstance(t, str) for t in items):
-            problems.append(f"{key}: expected an array of strings, got {_shown(items)}")
+            problems.append(f"{key}: expected an array of strings, got {shown(items)}")
             continue
         for i, text in enumerate(items):
             problem = _utf8(text)
@@ -272,7 +237,7 @@ def _vocabulary(meta: Mapping[str, Any]) -> list[str]:
         if values is None:
             continue
         if not isinstance(values, np.ndarray) or values.dtype.kind not in kinds:
-            problems.append(f"{key}: expected an array of numbers, got {_shown(values)}")
+            problems.append(f"{key}: expected an array of numbers, got {shown(values)}")
         elif len(values) != count:
             problems.append(f"{key}: {len(values)} values for {count} tokens")
         elif values.dtype.kind == "f" and not np.isfinite(values).all():

@@ -22,7 +22,15 @@ import numpy as np
 
 from ..errors import ModelError, UnsupportedError
 from . import gguf_checks
-from .checkpoint import Hyper, Rope, SourceWeight, check_shapes, family_for, longrope_scale
+from .checkpoint import (
+    Hyper,
+    Rope,
+    SourceWeight,
+    check_shapes,
+    family_for,
+    longrope_scale,
+    rope_problem,
+)
 from .weights import Blocks, check_type, dequantize, to_blocks, type_name, unpermute_rows
 
 
@@ -210,6 +218,9 @@ class GGUFModel:
         for t in self.tensors.values():
             check_type(t, self.source)
         self.hyper = self._hyper()
+        problem = rope_problem(self.hyper)
+        if problem:
+            raise ModelError(f"{self.path}: rope metadata and factor tensors: {problem}")
         check_shapes(self, "the GGUF metadata")
 
     # -- metadata --------------------------------------------------------------------------

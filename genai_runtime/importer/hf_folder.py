@@ -16,10 +16,36 @@ from typing import Any
 
 import numpy as np
 
-from ..config.bounded import CONFIG_LIMITS, TOKENIZER_LIMITS, LimitError, load_json, read_bounded
+from ..config.bounded import (
+    CONFIG_LIMITS,
+    TOKENIZER_LIMITS,
+    LimitError,
+    clip_text,
+    load_json,
+    read_bounded,
+)
 from ..errors import ModelError, UnsupportedError
 from ..folder_paths import folder_file
-from .checkpoint import FAMILIES, Family, Hyper, Rope, SourceWeight, check_shapes, longrope_scale
+from .checkpoint import (
+    FAMILIES,
+    Family,
+    Hyper,
+    Rope,
+    SourceWeight,
+    check_shapes,
+    longrope_scale,
+    rope_problem,
+)
+from .hf_checks import (
+    check_config,
+    check_factors,
+    check_llama3,
+    check_rope_dim,
+    present,
+    rope_kind,
+    token_ids_problem,
+    value_or,
+)
 from .safetensors_file import SafetensorsFile
 
 # Hugging Face per-layer suffix -> GGUF suffix (llama.cpp's names); a family's ``hf_renames``
@@ -64,7 +90,7 @@ def hf_architectures() -> dict[str, str]:
 
 
 def is_hf_folder(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file()
+    return path.is_dir() and (path / "config.json").exists()
 
 
 class HFCheckpoint:
@@ -77,30 +103,34 @@ class HFCheckpoint:
         model_type = self.config.get("model_type")
         arch = hf_architectures().get(str(model_type))
         if arch is None:
-            found = self.config.get("architectures")
+            found = clip_text(str(self.config.get("architectures")))
             raise UnsupportedError(
-                f"{self.path / 'config.json'}: model_type {model_type!r} "
+                f"{self.path / 'config.json'}: model_type {clip_text(repr(model_type))} "
                 f"(architectures {found}) is not supported; supported model_type values: "
                 f"{', '.join(sorted(hf_architectures()))}"
             )
         self.arch: str = arch
         self.family: Family = FAMILIES[arch]
+        check_config(self.path / "config.json", self.config)  # before anything is sized from it
         self.files, self.where = self._tensor_index()
         self.generation = self._json("generation_config.json", required=False)
         self.hyper: Hyper = self._hyper()
+        problem = rope_problem(self.hyper)
+        if problem:
+            raise ModelError(f"{self.path / 'config.json'}: rope parameters: {problem}")
         check_shapes(self, "config.json")
 
     # -- files -----------------------------------------------------------------------------
     def _json(self, name: str, required: bool) -> dict[str, Any]:
         path = self.path / name
-        if not path.is_file():
+        if not present(path):
             if required:
                 raise ModelError(f"{self.path}: no {name}")
             return {}
         folder_file(self.path, name)  # a symlink must not read a file outside the folder
         try:
             doc = load_json(read_bounded(path, CONFIG_LIMITS.max_bytes), CONFIG_LIMITS)
-        except (OSError, ValueError, LimitError) as exc:
+        except (OSError, ValueError, LimitError) as exc:  # UnicodeDecodeError too
             raise ModelError(f"{path}: not readable JSON ({exc})") from exc
         if not isinstance(doc, dict):
             raise ModelError(f"{path}: expected a JSON object, found {type(doc).__name__}")
@@ -109,14 +139,18 @@ class HFCheckpoint:
     def _local_file(self, name: str, origin: str) -> Path:
         """A file named by the folder's own index: a plain name inside the folder, no escape."""
         path = self.path / name
-        if Path(name).name != name or not path.resolve().is_relative_to(self.path.resolve()):
-            raise ModelError(f"{origin}: file name {name!r} is not a plain file in {self.path}")
+        shown = clip_text(repr(name))
+        plain = bool(name) and "\x00" not in name and Path(name).name == name
+        if not plain or not path.resolve().is_relative_to(self.path.resolve()):
+            raise ModelError(f"{origin}: file name {shown} is not a plain file in {self.path}")
+        if not present(path):
+            raise ModelError(f"{origin}: names {shown}, which is not in {self.path}")
         return path
 
     def _tensor_index(self) -> tuple[dict[str, SafetensorsFile], dict[str, tuple[str, str]]]:
         """(file name -> opened file, GGUF name -> (file name, HF tensor name))."""
         index = self.path / "model.safetensors.index.json"
-        if index.is_file():
+        if present(index):
             weight_map = self._json(index.name, required=True).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ModelError(f"{index}: no weight_map object")
@@ -137,14 +171,14 @@ class HFCheckpoint:
 
     def tokenizer_files(self) -> dict[str, Path]:
         """The tokenizer files to copy (name -> path); tokenizer.json must be one."""
-        found = {n: folder_file(self.path, n) for n in TOKENIZER_FILES if (self.path / n).is_file()}
+        found = {n: folder_file(self.path, n) for n in TOKENIZER_FILES if present(self.path / n)}
         if "tokenizer.json" not in found:
             raise ModelError(
                 f"{self.path}: no tokenizer.json (the fast tokenizer's file, which "
                 "genai_runtime reads; save one with transformers' tokenizer.save_pretrained)"
             )
         for path in found.values():
-            read_bounded(path, TOKENIZER_LIMITS.max_bytes)  # refuse oversized files early
+            check_tokenizer_file(path)
         return found
 
     # -- hyper-parameters ------------------------------------------------------------------
@@ -157,14 +191,21 @@ class HFCheckpoint:
         return value
 
     def _hyper(self) -> Hyper:
+        # check_config has checked each value's type and range; what is left is agreement.
         hidden = int(self._get("hidden_size"))
         heads = int(self._get("num_attention_heads"))
-        head_size = int(self._get("head_dim", hidden // heads))
+        head_size = int(self._get("head_dim", self._derived_head_size(hidden, heads)))
+        kv_heads = int(self._get("num_key_value_heads", heads))
+        if heads % kv_heads:
+            raise ModelError(
+                f"{self.path / 'config.json'}: num_key_value_heads: {kv_heads} does not divide "
+                f"num_attention_heads {heads}"
+            )
         layers = int(self._get("num_hidden_layers"))
         context = int(self._get("max_position_embeddings"))
         params = self._rope_params()
-        full = params.get("full_attention", params)  # Gemma 3: one set per layer type
-        local = params.get("sliding_attention", {})
+        full = value_or(params, "full_attention", params)  # Gemma 3: one set per layer type
+        local = value_or(params, "sliding_attention", {})
         tied = self.config.get("tie_word_embeddings")
         if tied is None:  # not stated: the checkpoint's own tensors tell
             tied = "output.weight" not in self.where
@@ -176,7 +217,7 @@ class HFCheckpoint:
             hidden=hidden,
             intermediate=int(self._get("intermediate_size")),
             heads=heads,
-            kv_heads=int(self._get("num_key_value_heads", heads)),
+            kv_heads=kv_heads,
             head_size=head_size,
             vocab=int(self._get("vocab_size")),
             context_length=context,
@@ -186,12 +227,21 @@ class HFCheckpoint:
             sliding_window=window,
             local_layers=local_layers,
             local_rope_base=float(
-                local.get("rope_theta", self._get("rope_local_base_freq", 10000.0))
+                value_or(local, "rope_theta", self._get("rope_local_base_freq", 10000.0))
             ),
             final_softcap=float(self._get("final_logit_softcapping", 0.0)),
             attn_softcap=float(self._get("attn_logit_softcapping", 0.0)),
             query_scale=float(scalar) ** -0.5 if scalar else 0.0,
         )
+
+    def _derived_head_size(self, hidden: int, heads: int) -> int:
+        """hidden_size / num_attention_heads, when config.json states no head_dim."""
+        if hidden % heads:
+            raise ModelError(
+                f"{self.path / 'config.json'}: hidden_size: {hidden} is not a multiple of "
+                f"num_attention_heads {heads} (and no head_dim is given)"
+            )
+        return hidden // heads
 
     def _rope_params(self) -> dict[str, Any]:
         """transformers 5's ``rope_parameters``, or the older ``rope_theta`` + ``rope_scaling``."""
@@ -203,10 +253,13 @@ class HFCheckpoint:
         return older
 
     def _rope(self, p: dict[str, Any], head_size: int, context: int) -> Rope:
-        kind = p.get("rope_type", p.get("type", "default"))
-        partial = float(p.get("partial_rotary_factor", self._get("partial_rotary_factor", 1.0)))
-        dim = int(head_size * partial)
-        base = float(p.get("rope_theta", self._get("rope_theta", 10000.0)))
+        kind = rope_kind(p)
+        where = f"{self.path / 'config.json'}: rope parameters"
+        partial = float(
+            value_or(p, "partial_rotary_factor", self._get("partial_rotary_factor", 1.0))
+        )
+        dim = check_rope_dim(where, head_size, partial)
+        base = float(value_or(p, "rope_theta", self._get("rope_theta", 10000.0)))
         original = int(
             p.get("original_max_position_embeddings")
             or self._get("original_max_position_embeddings", 0)
@@ -216,8 +269,16 @@ class HFCheckpoint:
         if kind == "linear":
             return Rope(base, dim, linear=float(p["factor"]))
         if kind == "llama3":
+            check_llama3(where, float(p["low_freq_factor"]), float(p["high_freq_factor"]))
             return Rope(base, dim, factors=llama3_factors(base, dim, p))
         if kind in ("longrope", "su"):
+            for key in ("short_factor", "long_factor"):
+                check_factors(f"{where}: {key}", p[key], dim)
+            if not original:  # the length at which the long factors take over
+                raise ModelError(
+                    f"{self.path / 'config.json'}: original_max_position_embeddings: missing "
+                    f"(rope type {kind!r} needs it)"
+                )
             attn = p.get("attention_factor") or longrope_scale(context, original)
             # Rounded to fp32 as a GGUF stores them: both sources give the same tables.
             return Rope(
@@ -284,9 +345,15 @@ class HFCheckpoint:
         """bos / eos / pad ids: generation_config.json over config.json (eos may be a list)."""
         ids = {}
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            value = self.generation.get(key, self.config.get(key))
-            if value is not None:
-                ids[key] = value
+            value, source = self.generation.get(key), "generation_config.json"
+            if value is None:
+                value, source = self.config.get(key), "config.json"
+            if value is None:
+                continue
+            problem = token_ids_problem(value)
+            if problem:
+                raise ModelError(f"{self.path / source}: {key}: {problem}")
+            ids[key] = value
         return ids
 
     def search_defaults(self) -> dict[str, Any]:
@@ -295,6 +362,17 @@ class HFCheckpoint:
     def sampling_defaults(self) -> dict[str, Any]:
         """The makers' recommended sampling: generation_config.json's, in search-option names."""
         return self.search_defaults()
+
+
+def check_tokenizer_file(path: Path) -> None:
+    """A tokenizer file to copy: within the size cap (checked before reading), UTF-8, and JSON
+    where its name says so (the runtime reads it the same way)."""
+    try:
+        text = read_bounded(path, TOKENIZER_LIMITS.max_bytes)
+        if path.suffix == ".json":
+            load_json(text, TOKENIZER_LIMITS)
+    except (OSError, ValueError, LimitError) as exc:  # UnicodeDecodeError too
+        raise ModelError(f"{path}: not a usable tokenizer file ({clip_text(str(exc))})") from exc
 
 
 def gguf_name(hf_name: str, renames: dict[str, str]) -> str | None:

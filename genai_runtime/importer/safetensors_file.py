@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config.bounded import CONFIG_LIMITS, LimitError, load_json
 from ..errors import ModelError, UnsupportedError
+from .hf_checks import present
 
 MAX_HEADER = 100 << 20  # the format's own limit on the JSON header
 # safetensors dtype -> NumPy dtype of the stored bytes (BF16: the top half of an fp32).
@@ -40,6 +41,8 @@ class SafetensorsFile:
 
     def __init__(self, path: Path):
         self.path = path
+        if not present(path):  # a FIFO would block safe_open; refused before it is opened
+            raise ModelError(f"{path}: no such file")
         try:
             from safetensors import safe_open
         except ImportError as exc:
@@ -60,10 +63,10 @@ class SafetensorsFile:
             (n,) = struct.unpack("<Q", f.read(8))
             if n > min(MAX_HEADER, size - 8):
                 raise ModelError(f"{self.path}: safetensors header of {n} bytes does not fit")
-            text = f.read(n).decode("utf-8")
+            raw = f.read(n)
         try:
-            doc = load_json(text, CONFIG_LIMITS)
-        except (ValueError, LimitError) as exc:
+            doc = load_json(raw.decode("utf-8"), CONFIG_LIMITS)
+        except (ValueError, LimitError) as exc:  # UnicodeDecodeError too
             raise ModelError(f"{self.path}: unreadable safetensors header ({exc})") from exc
         entries = {}
         try:
