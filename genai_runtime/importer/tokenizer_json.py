@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import UnsupportedError
+from ..errors import ModelError, UnsupportedError
 from .gguf_file import Vocab
 from .tokenizer_parts import CONTROL, USER_DEFINED, added_token
 from .tokenizer_spm import spm_tokenizer_json
@@ -72,6 +72,8 @@ def byte_level_bpe_json(vocab: Vocab, source: str) -> dict[str, Any]:
             f"{source}: GGUF pre-tokenizer {vocab.pre!r} is not supported; "
             f"supported: {', '.join(sorted(PRE_TOKENIZERS))}"
         )
+    ids = {tok: i for i, tok in enumerate(vocab.tokens)}
+    merges = [_merge(m, i, ids, source) for i, m in enumerate(vocab.merges)]
     added = [
         added_token(i, tok, kind)
         for i, (tok, kind) in enumerate(zip(vocab.tokens, vocab.token_types))
@@ -110,10 +112,25 @@ def byte_level_bpe_json(vocab: Vocab, source: str) -> dict[str, Any]:
             "fuse_unk": False,
             "byte_fallback": False,
             "ignore_merges": False,
-            "vocab": {tok: i for i, tok in enumerate(vocab.tokens)},
-            "merges": [m.split(" ", 1) for m in vocab.merges],
+            "vocab": ids,
+            "merges": merges,
         },
     }
+
+
+def _merge(merge: str, i: int, ids: dict[str, int], source: str) -> list[str]:
+    """One merge rule as ``[left, right]``; a rule naming a piece the vocabulary lacks is a
+    ``ModelError`` here, at import (the tokenizer would refuse to load only at ``run``)."""
+    left, space, right = merge.partition(" ")
+    missing = next((p for p in (left, right, left + right) if p not in ids), None)
+    if not space or not left or not right or missing is not None:
+        why = (
+            f"names {missing!r}, which is not in the vocabulary"
+            if space and left and right
+            else "is not two pieces apart by one space"
+        )
+        raise ModelError(f"{source}: tokenizer.ggml.merges[{i}] {merge[:60]!r} {why}")
+    return [left, right]
 
 
 # tokenizer.ggml.model -> its writer; "llama" is SentencePiece-style (tokenizer_spm.py).

@@ -313,3 +313,27 @@ def test_fuzz_gguf_headers(tiny_bytes, tmp_path):
             assert not isinstance(exc.__cause__, MemoryError), exc
 
     one()
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ("zzzq qqqz", r"merges\[\d+\] 'zzzq qqqz' names 'zzzq', which is not in the vocabulary"),
+        ("nospace", r"merges\[\d+\] 'nospace' is not two pieces apart by one space"),
+    ],
+)
+def test_a_merge_naming_an_unknown_piece_is_refused_at_import(tmp_path, monkeypatch, extra, match):
+    """Before, such a GGUF imported and its tokenizer failed to load only at ``run``."""
+    import gguf_models
+
+    tiny_vocab = gguf_models.tiny_vocab
+
+    def with_bad_merge():
+        tokens, merges = tiny_vocab()
+        return tokens, [*merges, extra]
+
+    monkeypatch.setattr(gguf_models, "tiny_vocab", with_bad_merge)
+    path = gguf_models.write_tiny_gguf(tmp_path / "bad-merge.gguf")
+    with pytest.raises(ModelError, match=match):
+        import_gguf(path, tmp_path / "out", quant="fp32")
+    assert not (tmp_path / "out").exists()
