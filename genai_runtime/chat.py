@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .decoding.stopping import StopPolicy, StopReason, StopRule
+from .decoding.stopping import LOOP_WINDOW, StopPolicy, StopReason, StopRule
 from .errors import GenerationError, UnsupportedError
 from .generator import Generator, GeneratorParams
 from .model import Model
@@ -174,7 +174,7 @@ class ChatSession:
             reason = self._stop.check(
                 token, generated=len(tokens), length=self.generator.token_count(),
                 budget=self.max_new_tokens, context=self.max_length,
-                reply=np.asarray(tokens) if self._stop.policy.loop_span else None,
+                reply=np.asarray(tokens[-LOOP_WINDOW:]) if self._stop.policy.loop_span else None,
             )  # fmt: skip
             chunk = "" if reason is StopReason.EOS else stream.decode(token)
             if chunk:

@@ -118,6 +118,8 @@ class StopRule:
 
 LOOP_REPEATS = 3
 LOOP_LONGEST_BLOCK = 256  # tokens: a longer block repeated is not what a stuck reply does
+# the most of a reply ``loop_period`` reads: a caller may pass just this tail
+LOOP_WINDOW = LOOP_REPEATS * LOOP_LONGEST_BLOCK
 
 
 def loop_period(reply: np.ndarray, span: int, repeats: int = LOOP_REPEATS) -> int:
