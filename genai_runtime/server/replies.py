@@ -46,14 +46,17 @@ class ReplyShape:
                     delta = {"role": "assistant", "content": ""}
                 elif finish is None:
                     delta = {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-            out = self._head("chat.completion.chunk")
+            out = self._one("chat.completion.chunk", {"delta": delta}, logprobs, finish)
         else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-            out = self._head("text_completion")
-        out["choices"] = [choice]
+            out = self._one("text_completion", {"text": text}, logprobs, finish)
         if usage:
             out["usage"] = None
+        return out
+
+    def _one(self, obj: str, body: dict[str, Any], logprobs: Any, finish: str | None) -> dict:
+        """An object of ``obj`` with its one choice (index 0): ``body``, logprobs, finish."""
+        out = self._head(obj)
+        out["choices"] = [{"index": 0, **body, "logprobs": logprobs, "finish_reason": finish}]
         return out
 
     def deltas(self, text: str, entries: list, usage: bool) -> list[dict[str, Any]]:
@@ -139,12 +142,9 @@ class ReplyShape:
                 finish = "tool_calls" if finish == "stop" else finish
             elif not text:
                 message["content"] = ""
-            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
-            out = self._head("chat.completion")
+            out = self._one("chat.completion", {"message": message}, logprobs, finish)
         else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-            out = self._head("text_completion")
-        out["choices"] = [choice]
+            out = self._one("text_completion", {"text": text}, logprobs, finish)
         out["usage"] = usage
         return out
 
