@@ -46,11 +46,15 @@ SHARE = {"models": 0.45, "parity": 0.17, "speed": 0.28, "server": 0.08, "census"
 PREFERRED = ["1b-fp16", "1b-int4", "small-fp16", "qwen-fp16", "small-int4", "qwen-int4"]
 B1_PROMPT = [1, 504, 3458, 314, 260, 3575]
 B8_LENGTHS = [6, 3, 7, 2, 12, 9, 5, 16]
-# case -> (batch, new tokens, setting); ours' "graph" cases (CUDA only) are held against the
-# reference's case without a graph, as tests/integration/test_gpu.py does
+# case -> (batch, new tokens, setting); "graph" cases (CUDA only) run both with the folder's
+# enable_cuda_graph on; "b1-256" is tests/integration/test_gpu.py's long share-buffer case, and
+# "logits" runs it again recording every step's logits (LOGITS_DIR) to say where and by how much
+# the two depart, if they do
 CASES = {"b1": (1, 128, None), "b8": (8, 64, None), "b1-noshare": (1, 128, False),
-         "b1-graph": (1, 128, "graph"), "b8-graph": (8, 64, "graph")}  # fmt: skip
-PROMPT_LEN, SPEED_NEW, REPS, SERVER_TOKENS = 512, 128, 3, 128
+         "b1-graph": (1, 128, "graph"), "b8-graph": (8, 64, "graph"), "b1-256": (1, 256, None),
+         "logits": (1, 256, None)}  # fmt: skip
+LOGITS_DIR = Path("/tmp/cuda_check_logits")
+PROMPT_LEN, SPEED_NEW, REPS, SERVER_TOKENS = 512, 128, 5, 128
 SERVER_PROMPTS = [
     "Once upon a time, in a land far away,", "The three most important inventions are",
     "def fibonacci(n):", "Write a short poem about the sea:", "The capital of France is",
@@ -131,12 +135,17 @@ def markdown() -> str:
     md += ["", "## Parity (greedy tokens, ours vs reference)", ""]
     head = ["folder", "case", "equal", "first diff [row, i]", "devices", "ours graph", "error"]
     md += table(head, rows)
+    departures = [(f, cases["logits"]["departure"]) for f, cases in R["parity"].items()
+                  if "departure" in cases.get("logits", {})]  # fmt: skip
+    md += ["", "Logits along the b1-256 run (ours vs reference):", ""]
+    md += [f"- {f}: {json.dumps(d)}" for f, d in departures] or ["- none recorded"]
     rows = []
     for folder, m in R["speed"].items():
         for v in ("b1", "b1-graph", "b8"):
             ref, ours = m.get(f"ref:{v}", {}), m.get(f"ours:{v}", {})
-            tps = [d.get(k) for k in ("prefill_tps", "decode_tps") for d in (ref, ours)]
-            ratios = [fmt(m.get(f"ratio:{v}:{k}"), ".2f") for k in ("prefill", "decode")]
+            keys = ("prefill_tps", "decode_tps", "steady_decode_tps")
+            tps = [d.get(k) for k in keys for d in (ref, ours)]
+            ratios = [fmt(m.get(f"ratio:{v}:{k}"), ".2f") for k in ("prefill", "decode", "steady")]
             notes = [
                 (n, d.get("error") or d.get("warnings") or d.get("graph_note"))
                 for n, d in (("ref", ref), ("ours", ours))
@@ -146,7 +155,8 @@ def markdown() -> str:
                 rows.append([folder, v, *map(fmt, tps), *ratios, errors])
     md += ["", f"## Speed (tok/s, median of {REPS}; ratio = ours / reference)", ""]
     head = ["folder", "variant", "ref prefill", "ours prefill", "ref decode", "ours decode"]
-    md += table([*head, "prefill ratio", "decode ratio", "notes"], rows)
+    head += ["ref steady", "ours steady", "prefill ratio", "decode ratio", "steady ratio"]
+    md += table([*head, "notes"], rows)
     s = R["server"]
     keys = ("folder", "slots", "tps_1", "tps_8", "ratio_8_over_1", "texts_equal_solo", "error")
     md += ["", "## Server engine, in-process (decode tok/s)", ""]
@@ -345,11 +355,27 @@ def parity_prompts(batch: int) -> list[list[int]]:
     return [B1_PROMPT] if batch == 1 else [[1, *rng.integers(3, 32000, n - 1)] for n in B8_LENGTHS]
 
 
+def greedy_logits(api, model, prompt: list[int], new: int, path: Path) -> list[int]:
+    """Greedy generation reading every step's logits (saved to ``path``, float32 [new, V])."""
+    import numpy as np
+
+    params = api.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + new)
+    generator = api.Generator(model, params)
+    generator.append_tokens(np.array([prompt], np.int32))
+    rows = []
+    while not generator.is_done():
+        rows.append(np.asarray(generator.get_logits(), np.float32).reshape(-1))
+        generator.generate_next_token()
+    np.save(path, np.stack(rows))
+    return generator.get_sequence(0).tolist()
+
+
 def worker_tokens(args) -> None:
     api = load_api("ref" if args.cmd == "ref-tokens" else "ours", args.device)
     models: dict = {}
     for case, (batch, new, setting) in CASES.items():
-        if setting == "graph" and (args.cmd == "ref-tokens" or args.device == "cpu"):
+        if setting == "graph" and args.device == "cpu":
             continue
         rec: dict = {"case": case}
         try:
@@ -361,7 +387,13 @@ def worker_tokens(args) -> None:
                 models[setting] = load_model(api, args.folder, overlay, args.device, rec)
             rec["device_type"] = models[setting].device_type
             prompts = [[int(t) for t in p] for p in parity_prompts(batch)]
-            rec["tokens"] = greedy(api, models[setting], prompts, new, rec)
+            if case == "logits":
+                LOGITS_DIR.mkdir(parents=True, exist_ok=True)
+                path = LOGITS_DIR / f"{Path(args.folder).name}-{args.cmd}.npy"
+                rec["tokens"] = [greedy_logits(api, models[setting], prompts[0], new, path)]
+                rec["logits"] = str(path)
+            else:
+                rec["tokens"] = greedy(api, models[setting], prompts, new, rec)
             rec["s"] = round(time.perf_counter() - start, 2)
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -376,14 +408,34 @@ def first_diff(a: list[list[int]], b: list[list[int]]) -> list[int] | None:
     return None if len(a) == len(b) else [min(len(a), len(b)), 0]
 
 
+def logits_departure(ours: str, ref: str, prompt_len: int) -> dict:
+    """Where two greedy runs' logits first differ, by how much up to where their tokens part,
+    and the reference's top-2 margin there (a near tie that rounding may flip)."""
+    import numpy as np
+
+    a, b = np.load(ours), np.load(ref)
+    n = min(len(a), len(b))
+    top = np.argmax(a[:n], axis=1) != np.argmax(b[:n], axis=1)
+    part = int(np.argmax(top)) if top.any() else None
+    upto = n if part is None else part + 1
+    diff = np.abs(a[:upto] - b[:upto]).max(axis=1)
+    first = int(np.argmax(diff > 0)) if (diff > 0).any() else None
+    out = {"steps": n, "tokens_part_at": part, "first_nonzero_diff_step": first,
+           "max_abs_diff_before_parting": float(diff[: upto - 1].max()) if upto > 1 else 0.0,
+           "median_abs_diff": float(np.median(diff)), "prompt_len": prompt_len}  # fmt: skip
+    if part is not None:
+        ranked = np.sort(b[part])[::-1]
+        out.update(ref_top2_margin=float(ranked[0] - ranked[1]), diff_at_part=float(diff[part]))
+    return out
+
+
 def parity_folder(folder: str, args, deadline: float) -> None:
     jobs = [[c, "--folder", folder, "--device", args.device] for c in ("ref-tokens", "ours-tokens")]
     with ThreadPoolExecutor(2) as pool:
         (ref, ref_st), (ours, ours_st) = pool.map(lambda j: child(j, deadline - time.time()), jobs)
     cases = R["parity"].setdefault(Path(folder).name, {})
     for case in [c for c in CASES if args.device == "cuda" or not c.endswith("graph")]:
-        ref_case = case.removesuffix("-graph")
-        r = next((x for x in ref if x["case"] == ref_case), {"error": f"no record: {ref_st}"})
+        r = next((x for x in ref if x["case"] == case), {"error": f"no record: {ref_st}"})
         o = next((x for x in ours if x["case"] == case), {"error": f"no record: {ours_st}"})
         c = cases[case] = {"ours_device": o.get("device_type"), "ref_device": r.get("device_type"),
                            "ours_s": o.get("s"), "ref_s": r.get("s"), "graph": o.get("graph_note"),
@@ -393,6 +445,11 @@ def parity_folder(folder: str, args, deadline: float) -> None:
             c.update(equal=c["first_diff"] is None, lengths=[len(t) for t in r["tokens"]])
         else:
             c["error"] = f"ours: {o.get('error')} | ref: {r.get('error')}"
+        if "logits" in r and "logits" in o:
+            try:
+                c["departure"] = logits_departure(o["logits"], r["logits"], len(B1_PROMPT))
+            except Exception as exc:
+                c["departure"] = {"error": repr(exc)[:300]}
     log("parity", Path(folder).name, {k: (v.get("equal"), v.get("first_diff")) for k, v in
                                       cases.items()})  # fmt: skip
     save()
@@ -423,19 +480,22 @@ def graph_overlay(folder: str) -> dict:
     return {"model": {"decoder": {"session_options": {"provider_options": options}}}}
 
 
-def timed_generation(api, model, ids, rec: dict) -> tuple[float, float, int]:
-    """Seconds of append_tokens (prefill), seconds and count of the generated tokens."""
+def timed_generation(api, model, ids, rec: dict) -> tuple[float, float, int, float]:
+    """Seconds of append_tokens (prefill), seconds and count of the generated tokens, and the
+    seconds of all but the first (which captures a CUDA graph where one is on)."""
     params = api.GeneratorParams(model)
     params.set_search_options(max_length=ids.shape[1] + SPEED_NEW, batch_size=ids.shape[0])
     gen = api.Generator(model, params)
     rec["graph_note"] = getattr(gen, "graph_note", None)  # ours: whether graphs replay
     t0 = time.perf_counter()
     gen.append_tokens(ids)
-    t1, n = time.perf_counter(), 0
+    t1, n, t2 = time.perf_counter(), 0, None
     while n < SPEED_NEW and not gen.is_done():
         gen.generate_next_token()
         n += 1
-    return t1 - t0, time.perf_counter() - t1, n
+        t2 = t2 or time.perf_counter()
+    end = time.perf_counter()
+    return t1 - t0, end - t1, n, end - (t2 or end)
 
 
 def worker_speed(args) -> None:
@@ -451,9 +511,10 @@ def worker_speed(args) -> None:
             ids = np.random.default_rng(1).integers(3, 32000, (batch, PROMPT_LEN)).astype(np.int32)
             timed_generation(api, model, ids, rec)  # warm-up (and graph capture)
             runs = [timed_generation(api, model, ids, rec) for _ in range(REPS)]
-            prefill, decode = (sorted(r[k] for r in runs)[REPS // 2] for k in (0, 1))
+            prefill, decode, _, steady = (sorted(r[k] for r in runs)[REPS // 2] for k in range(4))
             rec.update(prefill_tps=batch * PROMPT_LEN / prefill, batch=batch, runs=runs,
-                       decode_tps=batch * runs[0][2] / decode, tokens=runs[0][2])  # fmt: skip
+                       decode_tps=batch * runs[0][2] / decode, tokens=runs[0][2],
+                       steady_decode_tps=batch * (runs[0][2] - 1) / steady)  # fmt: skip
             model = None  # free it before the next variant loads
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -481,9 +542,10 @@ def part_speed(args, deadline: float) -> None:
         for v in vs:
             m.setdefault(f"{api}:{v}", {"error": f"no record: {status}"})
             ref, ours = m.get(f"ref:{v}", {}), m.get(f"ours:{v}", {})
-            for k in ("decode", "prefill"):
-                if ref.get(f"{k}_tps") and ours.get(f"{k}_tps"):
-                    m[f"ratio:{v}:{k}"] = ours[f"{k}_tps"] / ref[f"{k}_tps"]
+            for k, key in (("decode", "decode_tps"), ("prefill", "prefill_tps"),
+                           ("steady", "steady_decode_tps")):  # fmt: skip
+                if ref.get(key) and ours.get(key):
+                    m[f"ratio:{v}:{k}"] = ours[key] / ref[key]
         got = [(r["variant"], fmt(r.get("decode_tps")), r.get("error")) for r in records]
         log("speed", name, api, status["rc"], got)
         save()
@@ -498,9 +560,9 @@ def worker_server(args) -> None:
     import numpy as np
 
     api = load_api("ours", args.device)
+    from genai_runtime.batching.settings import RequestSettings
     from genai_runtime.server import engine_over
     from genai_runtime.server.engine import Job
-    from genai_runtime.server.protocol import Sampling
 
     model = load_model(api, args.folder, None, args.device, {})
     tok = api.Tokenizer(model)
@@ -518,7 +580,7 @@ def worker_server(args) -> None:
     async def run(prompts: list[str], max_tokens: int = SERVER_TOKENS):
         loop, start, jobs = asyncio.get_running_loop(), time.monotonic(), []
         for text in prompts:
-            s = Sampling(max_tokens=max_tokens, temperature=0.0)
+            s = RequestSettings(max_tokens=max_tokens, temperature=0.0)
             ids = np.asarray(tok.encode(text), np.int64)
             job = Job(prompt=ids, sampling=s, max_tokens=max_tokens, deadline=start + 300,
                       loop=loop, events=asyncio.Queue(), picker=engine.picker(s))  # fmt: skip

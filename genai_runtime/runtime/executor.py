@@ -144,7 +144,8 @@ class Executor:
                 self.user_inputs,
             )  # fmt: skip
         # On a device, a cache that declares it lets decode steps feed the whole [B, max_length]
-        # mask: every step input keeps its shape, so none is reallocated (and a graph replays).
+        # mask, so a captured graph replays; uncaptured steps feed the mask's true width (as
+        # onnxruntime-genai does: attention kernels split their work by it).
         cache = self.cache
         self._static_mask = not self.device.host and cache is not None and cache.static_mask
         self.graph_note = "off (host execution)"
@@ -458,8 +459,10 @@ class Executor:
                 self._bind(stage, feed.name, self._cast_mask(feed, self._source_mask))
             elif role == "attention_mask" and feed.info.rank == 4:
                 self._bind(stage, feed.name, self._mask4(feed.info.dtype, n))
-            elif role == "attention_mask" and decode and self._static_mask:
+            elif role == "attention_mask" and decode and self.graph is not None:
                 self._bind(stage, feed.name, self._step_positions.static_mask())
+            elif role == "attention_mask" and not self.device.host:
+                bound.feed_prefix(feed.name, *self._step_positions.mask_buffer())
             elif role == "attention_mask":
                 self._bind(stage, feed.name, self._step_positions.mask())
             elif role in ("position_ids", "cache_position"):

@@ -69,6 +69,14 @@ class BoundSession:
         self._same[name] = array
 
     def _stage(self, name: str, array: np.ndarray) -> None:
+        value = self._staged_value(name, array)
+        if self._staged_bound.get(name) is not value:
+            self.binding.bind_ortvalue_input(name, value)
+            self._staged_bound[name] = value
+        self._same[name] = array
+
+    def _staged_value(self, name: str, array: np.ndarray) -> ort.OrtValue:
+        """The device tensor of ``array``'s shape for ``name``, holding its contents."""
         tensors = self._staged.setdefault(name, {})
         key = (array.shape, array.dtype)
         value = tensors.get(key)
@@ -78,10 +86,23 @@ class BoundSession:
             value = tensors[key] = self.device.upload(array)
         elif not (self._same.get(name) is array and not array.flags.writeable):
             self.device.update(value, array)  # (a read-only array fed again cannot have changed)
-        if self._staged_bound.get(name) is not value:
-            self.binding.bind_ortvalue_input(name, value)
-            self._staged_bound[name] = value
+        return value
+
+    def feed_prefix(self, name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
+        """Feed the first ``prod(shape)`` elements of the C-contiguous ``array`` as a tensor of
+        ``shape``. On a device ``array`` keeps one staged tensor (its shape never changes, so
+        nothing is allocated per pass) and the input is bound to its leading elements by
+        address: an input that grows every step (an attention mask) keeps its true shape, which
+        kernels read (attention splits its work by the mask's width)."""
+        view = array.reshape(-1)[: int(np.prod(shape))].reshape(shape)
+        if not self.device.copies_inputs:
+            self.feed(name, view)
+            return
+        value = self._staged_value(name, array)
         self._same[name] = array
+        self._staged_bound.pop(name, None)
+        kind, index = self.device.kind, self.device.id
+        self.binding.bind_input(name, kind, index, array.dtype, list(shape), value.data_ptr())
 
     def bind_array(self, name: str, array: np.ndarray) -> None:
         """Bind a C-contiguous host array: by pointer on the host (no copy; the caller keeps it

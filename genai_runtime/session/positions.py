@@ -127,6 +127,14 @@ class PositionState:
         out[...] = self._mask[:, : self.length]
         return out
 
+    def mask_buffer(self) -> tuple[np.ndarray, tuple[int, int]]:
+        """A buffer of fixed shape whose leading elements hold the ``[B, total]`` mask of the
+        pass just recorded, and that shape (``BoundSession.feed_prefix`` binds them)."""
+        if self.batch_size == 1:
+            return self._mask, (1, self.length)
+        self.mask()
+        return self._mask_out, (self.batch_size, self.length)
+
     def static_mask(self) -> np.ndarray:
         """The ``[B, max_length]`` mask: 1 where a row has a real token, 0 after its length.
         Its shape never changes, so a device tensor holding it stays at one address."""

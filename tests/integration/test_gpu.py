@@ -81,9 +81,12 @@ GRAPH = {"model": {"decoder": {"session_options": {"provider_options": [
 
 def test_captured_decode_steps_give_the_reference_tokens(cuda_folder: Path) -> None:
     """With the folder's enable_cuda_graph on, decode steps replay a captured graph; the
-    tokens stay those of onnxruntime-genai-cuda without one."""
+    tokens are onnxruntime-genai-cuda's with its graph on (both then feed the whole
+    ``[B, max_length]`` mask, whose width attention reads)."""
     og_ref = pytest.importorskip("onnxruntime_genai")
-    reference = og_ref.Model(og_ref.Config(str(cuda_folder)))
+    ref_config = og_ref.Config(str(cuda_folder))
+    ref_config.overlay(json.dumps(GRAPH))
+    reference = og_ref.Model(ref_config)
     config = og.Config(cuda_folder)
     config.overlay(json.dumps(GRAPH))
     model = og.Model(config)
