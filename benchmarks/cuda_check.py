@@ -46,10 +46,11 @@ SHARE = {"models": 0.45, "parity": 0.17, "speed": 0.28, "server": 0.08, "census"
 PREFERRED = ["1b-fp16", "1b-int4", "small-fp16", "qwen-fp16", "small-int4", "qwen-int4"]
 B1_PROMPT = [1, 504, 3458, 314, 260, 3575]
 B8_LENGTHS = [6, 3, 7, 2, 12, 9, 5, 16]
-# case -> (batch, new tokens, setting); "graph" cases (CUDA only) run both with the folder's
-# enable_cuda_graph on; "b1-256" is tests/integration/test_gpu.py's long share-buffer case, and
-# "logits" runs it again recording every step's logits (LOGITS_DIR) to say where and by how much
-# the two depart, if they do
+# case -> (batch, new tokens, setting); "graph" cases (CUDA only) run ours with the folder's
+# enable_cuda_graph on, against the reference with it on at batch 1 and off at batch 8 (it
+# refuses a batched prompt pass with a graph); "b1-256" runs past a max_length of 256, where the
+# reference's own logits depend on max_length, and "logits" runs it again recording every
+# step's logits (LOGITS_DIR) to say where and by how much the two depart, if they do
 CASES = {"b1": (1, 128, None), "b8": (8, 64, None), "b1-noshare": (1, 128, False),
          "b1-graph": (1, 128, "graph"), "b8-graph": (8, 64, "graph"), "b1-256": (1, 256, None),
          "logits": (1, 256, None)}  # fmt: skip
@@ -280,8 +281,8 @@ def part_models(args, deadline: float) -> None:
             if ok:
                 for f in TOKENIZER_FILES:
                     shutil.copyfile(tok / f, mdir / name / f)
-                config = mdir / name / "genai_config.json"
-                shutil.copyfile(config, OUT / f"genai_config-{name}.json")  # for the record
+                config = mdir / name / "genai_config.json"  # for the record, in results.json
+                exports[name]["genai_config"] = json.loads(config.read_text())
             else:
                 exports[name]["tail"] = tail(mdir / f"logs/{name}.log")
             log("export", name, {k: v for k, v in exports[name].items() if k != "tail"})
@@ -375,8 +376,10 @@ def worker_tokens(args) -> None:
     api = load_api("ref" if args.cmd == "ref-tokens" else "ours", args.device)
     models: dict = {}
     for case, (batch, new, setting) in CASES.items():
-        if setting == "graph" and args.device == "cpu":
-            continue
+        if setting == "graph" and (
+            args.device == "cpu" or (args.cmd == "ref-tokens" and batch > 1)
+        ):
+            continue  # the reference refuses a batched prompt pass with its graph on
         rec: dict = {"case": case}
         try:
             start = time.perf_counter()
@@ -435,7 +438,8 @@ def parity_folder(folder: str, args, deadline: float) -> None:
         (ref, ref_st), (ours, ours_st) = pool.map(lambda j: child(j, deadline - time.time()), jobs)
     cases = R["parity"].setdefault(Path(folder).name, {})
     for case in [c for c in CASES if args.device == "cuda" or not c.endswith("graph")]:
-        r = next((x for x in ref if x["case"] == case), {"error": f"no record: {ref_st}"})
+        ref_case = "b8" if case == "b8-graph" else case  # ours with a graph vs its without
+        r = next((x for x in ref if x["case"] == ref_case), {"error": f"no record: {ref_st}"})
         o = next((x for x in ours if x["case"] == case), {"error": f"no record: {ours_st}"})
         c = cases[case] = {"ours_device": o.get("device_type"), "ref_device": r.get("device_type"),
                            "ours_s": o.get("s"), "ref_s": r.get("s"), "graph": o.get("graph_note"),

@@ -56,13 +56,21 @@ def _greedy(api, model, prompts: list[list[int]], new: int) -> list[list[int]]:
 PROMPTS = [[1, 504, 3458, 314, 260, 3575], [1, 22, 3], [1, 1400, 28, 6, 7, 8, 9], [1, 99]]
 
 
+# Longest batch-1 run held to the reference: up to a max_length of 256 GroupQueryAttention reads
+# its share buffer in one block, and ours gave the reference's logits bit for bit over 200 tokens
+# on every folder. Past 256 the reference's own logits depend on max_length (its run at 270
+# departs from its run at 206 after 27 tokens on the 2-3 KV-head shapes), so no fixed run of
+# ours can follow both (benchmarks/cuda_mask_width.py; benchmarks/results/ has the figures).
+LONG = 200
+
+
 @pytest.mark.parametrize("share", [True, False])
 def test_greedy_tokens_equal_the_reference(cuda_folder: Path, share: bool) -> None:
     og_ref = pytest.importorskip("onnxruntime_genai")
     config = og_ref.Config(str(cuda_folder))
     config.overlay(json.dumps({"search": {"past_present_share_buffer": share}}))
     reference = og_ref.Model(config)
-    for prompts, new in (([PROMPTS[0]], 256), (PROMPTS, 64)):
+    for prompts, new in (([PROMPTS[0]], LONG), (PROMPTS, 64)):
         assert _ours(cuda_folder, prompts, new, share) == _greedy(og_ref, reference, prompts, new)
 
 
@@ -80,13 +88,18 @@ GRAPH = {"model": {"decoder": {"session_options": {"provider_options": [
 
 
 def test_captured_decode_steps_give_the_reference_tokens(cuda_folder: Path) -> None:
-    """With the folder's enable_cuda_graph on, decode steps replay a captured graph; the
-    tokens are onnxruntime-genai-cuda's with its graph on (both then feed the whole
-    ``[B, max_length]`` mask, whose width attention reads)."""
+    """With the folder's enable_cuda_graph on, decode steps replay a captured graph. Batch 1
+    gives onnxruntime-genai-cuda's tokens with its graph on (both feed the whole
+    ``[B, max_length]`` mask on decode steps); a padded batch gives its tokens without one
+    (with a graph on, it refuses a batched prompt pass: GroupQueryAttention's "batch_size must
+    be 1 when sequence_length > 1 and past context is given")."""
     og_ref = pytest.importorskip("onnxruntime_genai")
     ref_config = og_ref.Config(str(cuda_folder))
     ref_config.overlay(json.dumps(GRAPH))
-    reference = og_ref.Model(ref_config)
+    references = {
+        1: og_ref.Model(ref_config),
+        len(PROMPTS): og_ref.Model(og_ref.Config(str(cuda_folder))),
+    }
     config = og.Config(cuda_folder)
     config.overlay(json.dumps(GRAPH))
     model = og.Model(config)
@@ -95,6 +108,7 @@ def test_captured_decode_steps_give_the_reference_tokens(cuda_folder: Path) -> N
         params.set_search_options(max_length=max(map(len, prompts)) + new,
                                   batch_size=len(prompts))  # fmt: skip
         assert og.Generator(model, params).graph_note.startswith("on")
+        reference = references[len(prompts)]
         assert _greedy(og, model, prompts, new) == _greedy(og_ref, reference, prompts, new)
 
 
