@@ -249,8 +249,12 @@ class Generator:
             self._pending = None
         if self._beams is not None:
             return self._beam_step()
+        top_k = self._picker.device_top_k if self._logits is ON_DEVICE else None
         if self._logits is ON_DEVICE and self._picker.argmax_only:
             tokens = self._exec.argmax()
+        elif top_k is not None and top_k < self.vocab_size:
+            values, ids = self._exec.top_k(top_k)
+            tokens = self._picker.pick_top_k(values, ids, self._rng)
         else:
             tokens = self._picker.pick(self._seq[:, : self._length], self._host_logits(), self._rng)
         if self._any_eos:

@@ -102,6 +102,24 @@ class TokenPicker:
         can take where the logits are (only the ids cross to the host)."""
         return not self.ops and self.is_greedy
 
+    @property
+    def device_top_k(self) -> int | None:
+        """The k of top-k sampling with no op before it (None otherwise): the draw depends on
+        each row's k highest logits alone, which a device can take where the logits are."""
+        terminal = self.terminal
+        if self.ops or not isinstance(terminal, ReferenceSample) or terminal.top_k <= 1:
+            return None
+        return int(terminal.top_k)
+
+    def pick_top_k(
+        self, values: np.ndarray, ids: np.ndarray, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Tokens ``int32 [B]`` drawn from each row's top-k candidates (``values`` highest
+        first, equal values lower id first, and their ``ids``, both ``[B, k]``): the draw
+        ``pick`` makes from the whole row, one ``rng`` draw per row."""
+        positions = self.terminal(values, rng)
+        return ids[np.arange(ids.shape[0]), positions].astype(np.int32)
+
     def pick(self, tokens: np.ndarray, logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Tokens ``int32 [B]`` for ``logits [B, V]`` after the sequences ``tokens [B, T]``."""
         if self._grammar_argmax:

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import numpy as np
+import onnxruntime as ort
 
 from ..errors import UnsupportedError
+from ..session.device import HOST, Device
 
 if TYPE_CHECKING:
     from onnxruntime import OrtValue
@@ -102,10 +104,15 @@ def move_rows(
 
 class PreallocatedBuffers:
     """For caches that allocate their whole buffers up front: a fixed capacity, and every
-    buffer's bytes held from the start."""
+    buffer's bytes held from the start. On the host the buffers are NumPy arrays (``_arrays``)
+    wrapped as OrtValues; on a device (``_device``) they are zero-filled device tensors made
+    there, ``_arrays`` is empty, and rows move by a gather graph on the device."""
 
     _capacity: int
     _arrays: list[np.ndarray]
+    _values: list[OrtValue]
+    _nbytes: int = 0
+    _device: Device = HOST
 
     @property
     def capacity(self) -> int:
@@ -113,7 +120,30 @@ class PreallocatedBuffers:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._arrays)
+        return self._nbytes
+
+    def _allocate(self, shapes: Sequence[tuple[int, ...]], dtype: np.dtype) -> None:
+        """One zeroed buffer per shape, where ``_device`` reads it."""
+        if self._device.host:
+            self._arrays = [np.zeros(shape, dtype) for shape in shapes]
+            self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._arrays]
+        else:
+            self._arrays = []
+            self._values = [self._device.zeros(shape, dtype, 1)[0] for shape in shapes]
+        itemsize = np.dtype(dtype).itemsize
+        self._nbytes = sum(int(np.prod(shape)) * itemsize for shape in shapes)
+
+    def _move_rows(self, rows: np.ndarray, index: tuple = ()) -> bool:
+        """Batch row i takes old row ``rows[i]``: in place on the host (``index`` narrows the
+        axes after the batch axis); on a device each buffer is replaced by its gathered rows
+        (new tensors: True, so the caller binds them)."""
+        if self._device.host:
+            move_rows(self._arrays, rows, 0, index)
+            return False
+        if (rows == np.arange(rows.size)).all():
+            return False
+        self._values = self._device.take_many(self._values, rows, axis=0)
+        return True
 
 
 class KVCache(Protocol):

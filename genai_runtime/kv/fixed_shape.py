@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..session.bound import BoundSession
@@ -52,8 +51,7 @@ class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
         self.valid = np.zeros(batch_size, np.int64)  # rows each batch entry holds
         self._names = [pair for layer in zip(layout.past, layout.present) for pair in zip(*layer)]
         shape = layout.shape(batch_size, self._capacity)
-        self._arrays = [np.zeros(shape, layout.dtype) for _ in self._names]
-        self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._arrays]
+        self._allocate([shape] * len(self._names), layout.dtype)  # host: rows written here
         new_shape = layout.shape(batch_size, self.chunk)
         self._new = [np.zeros(new_shape, layout.dtype) for _ in self._names]
         ctx, c = self._capacity, self.chunk

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import onnxruntime as ort
 
 from ..errors import GenerationError
 from ..session.bound import BoundSession
-from .base import KVCacheBase, KVLayout, PreallocatedBuffers, bind_in_place, move_rows
+from ..session.device import HOST, Device
+from .base import KVCacheBase, KVLayout, PreallocatedBuffers, bind_in_place
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -25,24 +25,30 @@ PAD_POSITION = -1
 class GraphScatteredCache(PreallocatedBuffers, KVCacheBase):
     kind: ClassVar[str] = "graph-scattered"
     uses_positions: ClassVar[bool] = True
+    on_device: ClassVar[bool] = True  # the graph writes its buffers in place
 
     def __init__(
-        self, layout: KVLayout, batch_size: int, max_length: int, positions: PositionState
+        self,
+        layout: KVLayout,
+        batch_size: int,
+        max_length: int,
+        positions: PositionState,
+        device: Device = HOST,
     ):
         if layout.format != "separate" or not layout.static_capacity:
             raise ValueError("graph-scattered needs [B, H, ctx_len, D] caches fixed by the graph")
         self.layout = layout
         self.length = 0
         self._capacity = layout.static_capacity
-        self._positions = positions
+        positions.pad_positions_with(PAD_POSITION)
         shape = layout.shape(batch_size, self._capacity)
         self._names = [
             pair
             for past, present in zip(layout.past, layout.present)
             for pair in zip(past, present)
         ]
-        self._arrays = [np.zeros(shape, layout.dtype) for _ in self._names]
-        self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._arrays]
+        self._device = device
+        self._allocate([shape] * len(self._names), layout.dtype)
         self._bound: set[int] = set()
 
     def bind(self, stage: BoundSession, num_new: int) -> None:
@@ -51,7 +57,6 @@ class GraphScatteredCache(PreallocatedBuffers, KVCacheBase):
                 f"{self.layout.file}: {num_new} new tokens after {self.length} exceed the "
                 f"graph's fixed context of {self._capacity} positions"
             )
-        self._positions.mark_pads(num_new, PAD_POSITION)
         if id(stage) in self._bound:
             return
         bind_in_place(stage, self._names, self._values)
@@ -65,4 +70,5 @@ class GraphScatteredCache(PreallocatedBuffers, KVCacheBase):
         self.length = min(self.length, length)
 
     def reorder(self, rows: np.ndarray) -> None:
-        move_rows(self._arrays, rows, 0, (slice(None), slice(0, self.length)))
+        if self._move_rows(rows, (slice(None), slice(0, self.length))):
+            self._bound.clear()  # new tensors: every stage binds them again

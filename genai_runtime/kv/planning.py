@@ -172,6 +172,8 @@ def make_cache(
     if why is not None:
         raise UnsupportedError(f"{layout.file}: {why}")
     cls = CACHE_KINDS[plan.kind]
+    if cls.uses_positions and cls.on_device:
+        return cls(layout, batch_size, max_length, positions=positions, device=device)
     if cls.uses_positions:
         return cls(layout, batch_size, max_length, positions=positions)
     if cls.on_device:

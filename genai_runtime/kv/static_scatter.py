@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
 from ..session.bound import BoundSession
-from .base import KVCacheBase, KVLayout, PreallocatedBuffers, bind_in_place, move_rows
+from ..session.device import HOST, Device
+from .base import KVCacheBase, KVLayout, PreallocatedBuffers, bind_in_place
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -48,9 +48,15 @@ class StaticScatterCache(PreallocatedBuffers, KVCacheBase):
     kind: ClassVar[str] = "static-scatter"
     formats: ClassVar[tuple[str, ...]] = ("scatter",)
     uses_positions: ClassVar[bool] = True
+    on_device: ClassVar[bool] = True  # the graph writes its buffers; only drivers are fed
 
     def __init__(
-        self, layout: KVLayout, batch_size: int, max_length: int, positions: PositionState
+        self,
+        layout: KVLayout,
+        batch_size: int,
+        max_length: int,
+        positions: PositionState,
+        device: Device = HOST,
     ):
         if layout.format != "scatter" or not layout.static_capacity:
             raise ModelError(
@@ -68,12 +74,10 @@ class StaticScatterCache(PreallocatedBuffers, KVCacheBase):
         self._batch = batch_size
         self._capacity = layout.static_capacity
         self._drivers = RowDrivers(layout, batch_size, positions)
-        self._arrays = [
-            np.zeros((batch_size, self._capacity, hidden), layout.dtype)
-            for hidden in layout.hidden_sizes
-        ]
-        self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self._arrays]
-        self._epoch = id(self)  # a binding made for another cache must be redone
+        self._device = device
+        shapes = [(batch_size, self._capacity, hidden) for hidden in layout.hidden_sizes]
+        self._allocate(shapes, layout.dtype)
+        self._epoch = id(self._values[0])  # a binding made for other buffers must be redone
 
     def bind(self, stage: BoundSession, num_new: int) -> None:
         self._drivers.update(num_new)
@@ -99,8 +103,9 @@ class StaticScatterCache(PreallocatedBuffers, KVCacheBase):
         self.length = min(self.length, length)
 
     def reorder(self, rows: np.ndarray) -> None:
-        move_rows(self._arrays, rows, 0, (slice(0, self.length),))
+        if self._move_rows(rows, (slice(0, self.length),)):
+            self._epoch = id(self._values[0])
 
     def buffers(self) -> list[np.ndarray]:
-        """The key/value arrays the graph writes in place, in ``layout.past`` order."""
+        """The key/value arrays the graph writes in place, in ``layout.past`` order (host)."""
         return self._arrays

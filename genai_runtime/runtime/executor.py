@@ -182,6 +182,11 @@ class Executor:
             return np.argmax(self.rows(), axis=-1).astype(np.int32)
         return self.logits.argmax(self._logits_stage, self.positions.last_index)
 
+    def top_k(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """float32 and int64 [B, k]: each row's k highest logits from the last pass and their
+        ids, taken where the logits are (``logits_on_device``)."""
+        return self.logits.top_k(self._logits_stage, self.positions.last_index, k)
+
     def forward(
         self, tokens: np.ndarray, tree: TreePass | None = None, *, every_row: bool = False
     ) -> np.ndarray:

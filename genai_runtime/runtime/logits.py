@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..session import census
-from ..session.device import argmax_session
+from ..session.device import argmax_session, top_k_session
 from .stage import BoundStage
 
 
@@ -27,6 +27,7 @@ class LogitsBuffer:
         self.last: np.ndarray | None = None  # the host view the last pass wrote
         self._device_out: dict[str, ort.OrtValue] = {}  # stage -> its one-row device tensor
         self._argmax: dict[str, tuple] = {}  # stage -> (logits, binding, ids) on its device
+        self._top_k: dict[str, tuple] = {}  # stage -> (logits, k, binding, values, ids)
 
     def bind(self, stage: BoundStage, n: int) -> None:
         """Bind ``stage``'s logits output for a pass over ``n`` tokens (``n`` = 1 also for a
@@ -134,3 +135,31 @@ class LogitsBuffer:
         if columns is not None:
             chosen = chosen[np.arange(self.batch_size), columns]
         return chosen.reshape(self.batch_size).astype(np.int32)
+
+    def top_k(
+        self, stage: BoundStage, last_index: np.ndarray, k: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """float32 and int64 ``[B, k]``: each row's ``k`` highest logits, highest first (equal
+        values: lower id first), and their ids, taken on the device (only they come back)."""
+        value, columns = self._row_columns(stage, last_index)
+        device = stage.bound.device
+        held = self._top_k.get(stage.plan.name)
+        if held is None or held[0] is not value or held[1] != k:  # bound once per logits tensor
+            shape = value.shape()
+            session = top_k_session(device, value.data_type(), len(shape))
+            binding = session.io_binding()
+            binding.bind_ortvalue_input("logits", value)
+            want = np.array([k], np.int64)  # kept alive with the binding that reads it
+            binding.bind_cpu_input("k", want)
+            out = (*shape[:-1], k)
+            values, ids = device.empty(out, np.float32), device.empty(out, np.int64)
+            binding.bind_ortvalue_output("values", values)
+            binding.bind_ortvalue_output("ids", ids)
+            held = self._top_k[stage.plan.name] = (value, k, session, binding, values, ids, want)
+        _, _, session, binding, values, ids, _ = held
+        census.run(session.run_with_iobinding, binding)
+        top, chosen = device.download(values), device.download(ids)
+        if columns is not None:
+            rows = np.arange(self.batch_size)
+            top, chosen = top[rows, columns], chosen[rows, columns]
+        return top.reshape(self.batch_size, k), chosen.reshape(self.batch_size, k)

@@ -231,6 +231,32 @@ def argmax_session(device: Device, data_type: str, rank: int) -> ort.InferenceSe
 
 
 @functools.lru_cache(maxsize=8)
+def top_k_session(device: Device, data_type: str, rank: int) -> ort.InferenceSession:
+    """``TopK`` over the last axis (``k`` an int64 [1] input; equal values: lower index first,
+    as the host sampler breaks ties), values cast to float32, on ``device``'s provider: top-k
+    sampling where the logits are, so only ``k`` candidates per row come back."""
+    onnx, helper = _onnx("choosing tokens on a device")
+    elem = _elem(data_type, device)
+    nodes = [
+        helper.make_node("TopK", ["logits", "k"], ["top", "ids"], axis=-1, largest=1, sorted=1),
+        helper.make_node("Cast", ["top"], ["values"], to=onnx.TensorProto.FLOAT),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "top_k",
+        [
+            helper.make_tensor_value_info("logits", elem, [None] * rank),
+            helper.make_tensor_value_info("k", onnx.TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("values", onnx.TensorProto.FLOAT, [None] * rank),
+            helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [None] * rank),
+        ],
+    )
+    return _session(device, graph)
+
+
+@functools.lru_cache(maxsize=8)
 def _zeros_session(device: Device, dtype: str, count: int) -> ort.InferenceSession:
     """``count`` ``ConstantOfShape(shape)`` nodes with a zero of ``dtype`` on ``device``."""
     onnx, helper = _onnx("zeroing buffers on a device")

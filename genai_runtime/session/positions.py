@@ -30,6 +30,7 @@ class PositionState:
         self._next = np.zeros(batch_size, np.int64)  # next position per row
         self._prompt_next = np.zeros(batch_size, np.int64)
         self._prompt_length = 0
+        self._pad_position = 0
         self.last_index = np.zeros(batch_size, np.int64)  # logits row per batch entry, this pass
         if batch_size > 1:  # contiguous [B, T] copies for the graph
             self._mask_out = np.zeros(batch_size * max_length, mask_dtype)
@@ -64,7 +65,7 @@ class PositionState:
         cols = np.arange(n)
         keep = cols[None, :] <= last[:, None]
         self._mask[:, :n] = keep
-        self._pos[:, :n] = np.where(keep, cols[None, :], 0)
+        self._pos[:, :n] = np.where(keep, cols[None, :], self._pad_position)
         self._next[:] = last + 1
         self._prompt_next[:] = self._next
         self._prompt_length = n
@@ -88,12 +89,11 @@ class PositionState:
         """bool [B, n]: which columns of the pass recorded at ``start`` hold real tokens."""
         return self._mask[:, start : start + n] != 0
 
-    def mark_pads(self, n: int, value: int) -> None:
-        """On a padded prompt pass, set the pad columns of the position_ids just handed out
-        (by ``positions(n)``) to ``value``: graphs that scatter at positions skip -1."""
-        if self.batch_size > 1 and self.length == n:
-            out = self._pos_out[: self.batch_size * n].reshape(self.batch_size, n)
-            out[self._mask[:, :n] == 0] = value
+    def pad_positions_with(self, value: int) -> None:
+        """Give the pad columns of a padded prompt ``value`` as their position id (default 0):
+        graphs that scatter at positions skip -1. Set before the prompt is recorded, so the ids
+        handed out carry it (a device copies them when they are fed)."""
+        self._pad_position = value
 
     @property
     def prompt_length(self) -> int:

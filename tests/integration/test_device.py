@@ -104,6 +104,39 @@ def test_device_greedy_choice_gives_the_cpu_tokens(smollm2_dir: Path, cache: str
     assert ours == _greedy(_model(smollm2_dir, *overlays), prompts, 12)[1]
 
 
+def _sampled(model: og.Model, prompts: list[list[int]], steps: int, measured: int = 0):
+    """Seeded top-k sampling rows; the census of the last ``measured`` steps."""
+    width = max(len(p) for p in prompts)
+    params = og.GeneratorParams(model)
+    params.set_search_options(
+        max_length=width + steps, batch_size=len(prompts), do_sample=True, top_k=8,
+        temperature=1.3, top_p=0.9, random_seed=7,
+    )  # fmt: skip
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([p + [0] * (width - len(p)) for p in prompts]))
+    for _ in range(steps - measured):
+        generator.generate_next_token()
+    with measure() as m:
+        for _ in range(measured):
+            generator.generate_next_token()
+    return [generator.get_sequence(i).tolist() for i in range(len(prompts))], m
+
+
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_device_top_k_sampling_draws_the_host_tokens_and_returns_only_candidates(
+    smollm2_dir: Path, batch: str
+) -> None:
+    """Top-k sampling takes each row's k best logits on the device (TopK), so only k values
+    and ids per row come back, and the seeded draw is the host's token for token."""
+    prompts = BATCHES[batch]
+    ours, m = _sampled(_model(smollm2_dir, COPY), prompts, 12, measured=4)
+    assert ours == _sampled(_model(smollm2_dir), prompts, 12)[0]
+    rows = len(prompts)
+    assert m.census.device_allocations == 0
+    assert m.census.device_to_host == 2 * 4  # values and ids
+    assert m.census.device_to_host_bytes == 4 * rows * 8 * (4 + 8)
+
+
 @pytest.mark.parametrize("batch", list(BATCHES))
 def test_a_share_buffer_decode_step_allocates_nothing_and_moves_only_step_inputs(
     smollm2_dir: Path, batch: str
@@ -147,15 +180,23 @@ def test_share_buffer_compaction_on_a_device_moves_the_kept_rows() -> None:
     np.testing.assert_array_equal(kept, data[:, :, [0, 1, 4, 5]])
 
 
-def test_a_cache_kind_that_cannot_live_on_the_device_is_refused_before_generation(
+def test_the_reference_static_scatter_decoder_on_a_device_gives_the_host_tokens(
     fixtures_dir: Path,
 ) -> None:
+    """onnxruntime-genai's own static-scatter test model: its buffers live on the device and
+    its tokens are the host's (the kinds refused there: tests/kv/test_device_layouts.py)."""
     folder = fixtures_dir / "static-scatter-bias-decoder"
-    model = _model(folder, COPY)
-    with pytest.raises(og.UnsupportedError, match=r"static-scatter cache .* cannot live on"):
-        og.Generator(model, og.GeneratorParams(model))
-    plain = _model(folder)
-    assert og.Generator(plain, og.GeneratorParams(plain)).kv_cache.kind == "static-scatter"
+    rows = []
+    for model in (_model(folder), _model(folder, COPY)):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=16, batch_size=2)
+        generator = og.Generator(model, params)
+        assert generator.kv_cache.kind == "static-scatter"
+        generator.append_tokens(np.array([[1, 5, 9, 3, 7], [1, 4, 8, 0, 0]]))
+        while not generator.is_done():
+            generator.generate_next_token()
+        rows.append([generator.get_sequence(i).tolist() for i in range(2)])
+    assert rows[1] == rows[0]
 
 
 def test_a_provider_this_onnxruntime_lacks_names_the_package(smollm2_2layers_dir, capsys) -> None:
