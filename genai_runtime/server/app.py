@@ -37,6 +37,7 @@ from ..batching.settings import SettingError
 from ..decoding.picker import TokenPicker
 from ..errors import GenaiRuntimeError
 from .access_log import AccessLog, note_ignored, note_usage
+from .embeddings import embeddings_route
 from .engine import Job, ServerEngine
 from .protocol import (
     RESPONSE_FORMATS,
@@ -50,6 +51,7 @@ from .protocol import (
 from .reasoning import ThinkSplitter, template_variables, thinks
 from .replies import ReplyShape
 from .responses import ResponseStore, assistant_message, chat_body, events, response
+from .think_gate import ThinkGate
 from .tool_calls import CALL_FORMATS, CallSplitter, tag_tokens
 from .tool_prompt import ToolTemplate, check_reaches, probe, template_input, uses_tools
 from .tools import ToolRequest, ToolRequestError
@@ -62,7 +64,7 @@ DEFAULT_TIMEOUT = 600.0
 DEFAULT_READ_TIMEOUT = 30.0  # for a request's headers, then for its body
 ROUTES = (
     "/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions",
-    "/v1/responses",
+    "/v1/responses", "/v1/embeddings",
 )  # fmt: skip
 
 
@@ -207,6 +209,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
         transcription_route(state, authorize, engine),
+        embeddings_route(state, authorize, engine, lambda request: _read_json(request, state)),
     ]
     return Starlette(
         routes=routes,
@@ -316,7 +319,7 @@ def _chat_prompt(
     except GenaiRuntimeError as exc:  # e.g. the sandbox refused what a template tried
         param = "tools" if tools else "messages"
         raise bad(f"the chat template could not be applied: {exc}", param) from exc
-    pickers = [_picker(eng, parsed, template) for _ in range(parsed.n)]
+    pickers = [_picker(eng, parsed, template, len(ids)) for _ in range(parsed.n)]
     return ids.astype(np.int64), pickers, parsed
 
 
@@ -370,17 +373,26 @@ async def _read_body(request: Request, limit: int) -> bytearray:
     return body
 
 
-def _picker(eng: ServerEngine, parsed: ParsedRequest, template: ToolTemplate | None = None):
+def _picker(
+    eng: ServerEngine, parsed: ParsedRequest, template: ToolTemplate | None = None,
+    prompt_length: int = 0,
+):  # fmt: skip
     """A token picker for one of the request's choices (each has its own: a grammar holds the
     state of one reply): its sampling and its grammar, if any: a call to the tools when
     tool_choice requires one (the reply is then a call, so response_format has no text to
-    shape), else the response_format's."""
+    shape), else the response_format's. A reply that may think gets both through a
+    ``ThinkGate``: the grammar starts after the thinking, which the budget bounds."""
     tools = parsed.tools
     if tools is not None and tools.constrained and template is not None:
         grammar = _tool_grammar(eng, tools, CALL_FORMATS[template.format])
     else:
         fmt = parsed.sampling.response_format
         grammar = None if fmt is None else RESPONSE_FORMATS[fmt["type"]](eng.model, fmt)
+    if parsed.think_prompt is not None and (grammar is not None or parsed.think_budget is not None):
+        grammar = ThinkGate(
+            eng.tokenizer, parsed.think_prompt, prompt_length, budget=parsed.think_budget,
+            grammar=grammar, eos=eng.model.spec.tokens.eos,
+        )  # fmt: skip
     try:
         return eng.picker(parsed.sampling, grammar)
     except SettingError as exc:  # e.g. a logit_bias id past the vocabulary
@@ -460,16 +472,16 @@ async def _respond(
     log.debug("%s: %d choices, %d prompt tokens", rid, len(jobs), sum(len(p) for p in prompts))
     created = int(time.time())
     shapes = [
-        ReplyShape(rid, parsed.model, created, chat, eng, _splitter(parsed), _thinking(parsed))
-        for _ in jobs
+        ReplyShape(rid, parsed.model, created, chat, eng, _splitter(parsed), _thinking(parsed), k)
+        for k in range(len(jobs))
     ]
-    if parsed.stream:  # one choice: the parser refuses to stream several
+    if parsed.stream:
         return StreamingResponse(
-            _sse(request, eng, jobs[0], shapes[0], parsed.include_usage),
+            _sse(request, eng, jobs, shapes, parsed, len(prompts)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    watchers = [asyncio.create_task(_watch_disconnect(request, eng, job)) for job in jobs[:1]]
+    watcher = asyncio.create_task(_watch_disconnect(request, eng, jobs))
     try:
         answers = []
         for job in jobs:
@@ -479,22 +491,12 @@ async def _respond(
             answers.append(answer)
         bodies = [shape.final(*a) for shape, a in zip(shapes, answers)]
         out = bodies[0]
-        out["choices"] = [{**b["choices"][0], "index": k} for k, b in enumerate(bodies)]
-        usages = [a[3] for a in answers]
-        prompt_tokens = sum(usages[i * parsed.n]["prompt_tokens"] for i in range(len(prompts)))
-        completion = sum(u["completion_tokens"] for u in usages)
-        cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
-        out["usage"] = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion,
-            "total_tokens": prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": cached},
-        }
+        out["choices"] = [b["choices"][0] for b in bodies]
+        out["usage"] = _usage([a[3] for a in answers], parsed.n, len(prompts))
         note_usage(request.scope, out["usage"])
         return JSONResponse(out)
     finally:
-        for watcher in watchers:
-            watcher.cancel()
+        watcher.cancel()
         for job in jobs:
             eng.cancel(job)  # no-op once done; frees the slot if we leave early
 
@@ -516,27 +518,58 @@ async def _answer(job: Job) -> tuple[str, list, str, dict] | None:
             return "".join(text), entries, event[1], event[2]
 
 
-async def _watch_disconnect(request: Request, eng: ServerEngine, job: Job) -> None:
-    """Cancel the job when the client goes away (the body is read, so ``receive`` now only
-    reports the disconnect)."""
+def _usage(usages: list[dict[str, Any]], n: int, prompts: int) -> dict[str, Any]:
+    """The request's usage from its choices' (choice ``i * n + j`` is prompt i's j-th: each
+    prompt counts once)."""
+    prompt_tokens = sum(usages[i * n]["prompt_tokens"] for i in range(prompts))
+    completion = sum(u["completion_tokens"] for u in usages)
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+async def _watch_disconnect(request: Request, eng: ServerEngine, jobs: list[Job]) -> None:
+    """Cancel every job when the client goes away (the body is read, so ``receive`` now only
+    reports the disconnect); the first job's events say so."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            eng.cancel(job)
-            job.events.put_nowait(("gone",))
+            for job in jobs:
+                eng.cancel(job)
+            jobs[0].events.put_nowait(("gone",))
             return
 
 
 async def _sse(
-    request: Request, eng: ServerEngine, job: Job, shape: ReplyShape, include_usage: bool
-) -> AsyncIterator[str]:
-    watcher = asyncio.create_task(_watch_disconnect(request, eng, job))
-    try:
-        yield _frame(shape.chunk(role=True, usage=include_usage))
+    request: Request, eng: ServerEngine, jobs: list[Job], shapes: list[ReplyShape],
+    parsed: ParsedRequest, prompts: int,
+) -> AsyncIterator[str]:  # fmt: skip
+    """The stream of every choice: chunks of each as its tokens come, by ``index``, then one
+    usage chunk for them all when asked for."""
+    usage = parsed.include_usage
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def forward(k: int, job: Job) -> None:
         while True:
             event = await job.events.get()
+            merged.put_nowait((k, event))
+            if event[0] != "delta":
+                return
+
+    tasks = [asyncio.create_task(forward(k, job)) for k, job in enumerate(jobs)]
+    tasks.append(asyncio.create_task(_watch_disconnect(request, eng, jobs)))
+    try:
+        for shape in shapes:
+            yield _frame(shape.chunk(role=True, usage=usage))
+        usages: dict[int, dict[str, Any]] = {}
+        while len(usages) < len(jobs):
+            k, event = await merged.get()
             if event[0] == "delta":
-                for chunk in shape.deltas(event[1], event[2], include_usage):
+                for chunk in shapes[k].deltas(event[1], event[2], usage):
                     yield _frame(chunk)
             elif event[0] == "error":
                 yield _frame(event[1].body())
@@ -544,16 +577,20 @@ async def _sse(
             elif event[0] == "gone":
                 return
             else:
-                note_usage(request.scope, event[2])
-                for chunk in shape.closing(event[1], include_usage):
+                usages[k] = event[2]
+                for chunk in shapes[k].closing(event[1], usage):
                     yield _frame(chunk)
-                if include_usage:
-                    yield _frame(shape.usage_chunk(event[2]))
-                break
+        if len(usages) == len(jobs):
+            total = _usage([usages[k] for k in range(len(jobs))], parsed.n, prompts)
+            note_usage(request.scope, total)
+            if usage:
+                yield _frame(shapes[0].usage_chunk(total))
         yield "data: [DONE]\n\n"
     finally:
-        watcher.cancel()
-        eng.cancel(job)
+        for task in tasks:
+            task.cancel()
+        for job in jobs:
+            eng.cancel(job)
 
 
 def _frame(obj: dict[str, Any]) -> str:

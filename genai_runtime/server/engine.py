@@ -13,10 +13,12 @@ dropped at the next step and its slot freed. Events go back to the asyncio side 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +117,9 @@ class ServerEngine:
         self.stats = Stats()
         self.failed: str | None = None  # set if the engine thread dies
         self._waiting: deque[Job] = deque()
+        # work that needs the model to itself (an embedding): run between decode steps
+        self._calls: deque[tuple[Callable[[], Any], asyncio.AbstractEventLoop, asyncio.Future]]
+        self._calls = deque()
         self._active: dict[int, Job] = {}
         self._held: list[np.ndarray] = [np.zeros(0, np.int64)] * max_active  # per slot
         self._held_adapter: list[str | None] = [None] * max_active  # what computed _held
@@ -162,6 +167,25 @@ class ServerEngine:
             self._waiting.append(job)
             self._wake.notify()
 
+    def between_steps(self, fn: Callable[[], Any]) -> asyncio.Future:
+        """Run ``fn()`` on the engine thread, between two decode steps (it has the model to
+        itself there); await the returned future for its result or exception. Bounded like the
+        queue: 429 when ``max_queued`` calls already wait."""
+        if not self.alive:
+            raise APIError(503, f"the engine is not running: {self.failed}", type="server_error",
+                           code="engine_unavailable")  # fmt: skip
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._wake:
+            if len(self._calls) >= self.max_queued:
+                raise APIError(
+                    429, f"the server is busy: {self.max_queued} calls are already waiting",
+                    type="rate_limit_error", code="queue_full", headers={"Retry-After": "1"},
+                )  # fmt: skip
+            self._calls.append((fn, loop, future))
+            self._wake.notify()
+        return future
+
     def picker(self, sampling: RequestSettings, grammar: Processor | None = None) -> TokenPicker:
         """The token picker for one request: its sampling settings and optional grammar (a
         ``response_format``), through the same chain a Generator uses."""
@@ -179,20 +203,40 @@ class ServerEngine:
         try:
             while True:
                 with self._wake:
-                    while not self._stop and not self._waiting and not self._active:
+                    while not (self._stop or self._waiting or self._active or self._calls):
                         self._wake.wait()
                     if self._stop:
                         break
+                self._run_calls()
                 self._step()
         except BaseException as exc:  # keep serving 503s rather than hang every request
             self.failed = f"{type(exc).__name__}: {exc}"
             log.exception("engine thread failed")
             with self._lock:
                 jobs = [*self._active.values(), *self._waiting]
+                calls = list(self._calls)
                 self._active.clear()
                 self._waiting.clear()
+                self._calls.clear()
             for job in jobs:
                 job.emit("error", APIError(503, "the engine failed", type="server_error"))
+            for _, loop, future in calls:
+                failed = APIError(503, "the engine failed", type="server_error")
+                _settle(loop, future, False, failed)
+
+    def _run_calls(self) -> None:
+        """The calls waiting now, in order: one per decode step while requests decode (each
+        call stalls every reply by its time), else all of them."""
+        with self._lock:
+            count = 1 if self._active or self._waiting else len(self._calls)
+            calls = [self._calls.popleft() for _ in range(min(count, len(self._calls)))]
+        for fn, loop, future in calls:
+            if future.cancelled():  # its client went away
+                continue
+            try:
+                _settle(loop, future, True, fn())
+            except Exception as exc:  # the caller's to answer (a bad input is not our failure)
+                _settle(loop, future, False, exc)
 
     def _step(self) -> None:
         now = time.monotonic()
@@ -360,3 +404,19 @@ class ServerEngine:
             top = top[np.argsort(-logp[top], kind="stable")]
             entry["top"] = [(int(t), float(logp[t])) for t in top]
         return entry
+
+
+def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future, ok: bool, value: Any) -> None:
+    """Give ``future`` its result (``ok``) or exception, on its own loop."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    # A closed loop (the server shutting down) has nobody listening.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(settle)

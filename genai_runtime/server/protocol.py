@@ -26,6 +26,8 @@ from .tools import (
     parse_tools,
 )
 
+# A reply's thinking budget, as vLLM, llama.cpp's server and Qwen's API spell it (``_reasoning``)
+BUDGET_FIELDS = ("thinking_token_budget", "thinking_budget_tokens", "thinking_budget")
 CHAT_FIELDS = frozenset(
     [
         "model",
@@ -38,6 +40,8 @@ CHAT_FIELDS = frozenset(
         "n",
         "chat_template_kwargs",
         "reasoning_effort",
+        "reasoning",
+        *BUDGET_FIELDS,
         "best_of",
         "stop",
         "seed",
@@ -214,6 +218,7 @@ class ParsedRequest:
     # chat: what the template is given beyond the messages (``reasoning`` reads it)
     template_fields: Mapping[str, Any] = field(default_factory=dict)
     think_prompt: str | None = None  # chat: the prompt text, when replies may think
+    think_budget: int | None = None  # chat: the most tokens a reply may think (None: no bound)
     unknown: tuple[str, ...] = field(default=())
 
     @property
@@ -391,11 +396,40 @@ def parse_chat(body: Any) -> ParsedRequest:
         raise bad(str(exc), exc.param) from None
     unknown = tuple(sorted(k for k in body if k not in CHAT_FIELDS))
     n = _choices(body, stream, 1)
-    fields = {k: body[k] for k in ("chat_template_kwargs", "reasoning_effort") if k in body}
+    fields, budget = _reasoning(body)
     return ParsedRequest(
         model, sampling, stream, usage, messages=messages, tools=tools, n=n,
-        template_fields=fields, unknown=unknown,
+        template_fields=fields, think_budget=budget, unknown=unknown,
     )  # fmt: skip
+
+
+def _reasoning(body: Mapping[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """What a chat request gives its template (``chat_template_kwargs``, ``reasoning_effort``)
+    and its thinking budget. The budget's spellings: ``thinking_token_budget`` (vLLM),
+    ``thinking_budget_tokens`` (llama.cpp's server), ``thinking_budget`` and ``reasoning``
+    ``{"max_tokens"}`` (OpenRouter's object, whose ``effort`` is ``reasoning_effort``); -1 is
+    no bound, as llama.cpp's. Spellings that disagree answer 400."""
+    fields = {k: body[k] for k in ("chat_template_kwargs", "reasoning_effort") if k in body}
+    given = {k: body[k] for k in BUDGET_FIELDS if body.get(k) is not None}
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise bad('reasoning must be an object ({"effort", "max_tokens"})', "reasoning")
+        if reasoning.get("max_tokens") is not None:
+            given["reasoning.max_tokens"] = reasoning["max_tokens"]
+        effort = reasoning.get("effort")
+        if effort is not None and fields.setdefault("reasoning_effort", effort) != effort:
+            raise bad("reasoning.effort and reasoning_effort disagree; send one",
+                      "reasoning.effort")  # fmt: skip
+    budget = None
+    for name, value in given.items():
+        if not isinstance(value, int) or isinstance(value, bool) or not -1 <= value <= MAX_TOKEN_ID:
+            raise bad(f"{name} must be an integer in [-1, {MAX_TOKEN_ID}] (-1: no bound), "
+                      f"got {_show(value)}", name)  # fmt: skip
+        if budget is not None and value != budget:
+            raise bad(f"{name} disagrees with {next(iter(given))}; send one", name)
+        budget = value
+    return fields, None if budget == -1 else budget
 
 
 def _message(m: Any, i: int, earlier: list[dict[str, Any]]) -> dict[str, Any]:
@@ -462,17 +496,11 @@ MAX_CHOICES = 16  # choices one request may ask for (n times the prompts): each 
 
 def _choices(body: Mapping[str, Any], stream: bool, prompts: int) -> int:
     """``n``, checked: the choices of all prompts together at most ``MAX_CHOICES``; ``best_of``
-    only as ``n`` (nothing is scored to pick among more); one choice when streaming."""
+    only as ``n`` (nothing is scored to pick among more)."""
     n = _int(body, "n", 1, MAX_CHOICES) or 1
     if n * prompts > MAX_CHOICES:
         raise bad(f"n x prompts is {n * prompts}; at most {MAX_CHOICES} choices", "n")
     best = body.get("best_of")
     if best is not None and best != n:
         raise bad("best_of must equal n (choices are not scored)", "best_of", "unsupported_value")
-    if stream and n * prompts > 1:
-        raise bad(
-            "streaming several choices (n > 1 or several prompts) is not supported; send "
-            "stream: false, or one request per choice",
-            "stream", "unsupported_value",
-        )  # fmt: skip
     return n

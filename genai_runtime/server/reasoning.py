@@ -5,7 +5,8 @@
 ``enable_thinking`` ("none" and "minimal" turn thinking off). A reply of a template that writes
 ``<think>`` blocks is split into ``reasoning_content`` (inside the block) and ``content`` (after
 it), plain or streamed; a prompt that ends inside an open block (DeepSeek-R1's) starts the reply
-in the thinking.
+in the thinking. The thinking budget, and grammars that wait for the thinking to end, act on the
+tokens as they are chosen: ``think_gate``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,18 @@ def template_variables(
     return out
 
 
+def reply_starts(prompt_text: str) -> str:
+    """Where a reply to ``prompt_text`` starts: ``reasoning`` (the prompt ends inside an open
+    block, as DeepSeek-R1's does), ``answer`` (it ends just after a closed one, as Qwen3's does
+    with thinking off) or ``start`` (the reply may open a block itself)."""
+    closed = prompt_text.rfind(CLOSE)
+    if prompt_text.rfind(OPEN) > closed:
+        return "reasoning"
+    if closed >= 0 and not prompt_text[closed + len(CLOSE) :].strip(WHITESPACE):
+        return "answer"
+    return "start"
+
+
 def thinks(template: str) -> bool:
     """Whether replies under this template may hold a thinking block."""
     return CLOSE in template
@@ -63,7 +76,7 @@ class ThinkSplitter:
     that could still grow into a tag is held until it is decided."""
 
     def __init__(self, prompt_text: str):
-        opened = prompt_text.rfind(OPEN) > prompt_text.rfind(CLOSE)
+        opened = reply_starts(prompt_text) == "reasoning"
         self._mode = "reasoning" if opened else "start"  # start | reasoning | content
         self._buffer = ""
         self._after_close = False  # whitespace right after the block is not content

@@ -23,6 +23,7 @@ class ReplyShape:
     engine: ServerEngine
     splitter: CallSplitter | None = None
     thinking: ThinkSplitter | None = None  # takes a reply's thinking out first
+    index: int = 0  # the choice's index among the request's
     calls: int = 0  # tool calls streamed so far
 
     def _head(self, obj: str) -> dict[str, Any]:
@@ -54,9 +55,11 @@ class ReplyShape:
         return out
 
     def _one(self, obj: str, body: dict[str, Any], logprobs: Any, finish: str | None) -> dict:
-        """An object of ``obj`` with its one choice (index 0): ``body``, logprobs, finish."""
+        """An object of ``obj`` with its one choice: ``body``, logprobs, finish."""
         out = self._head(obj)
-        out["choices"] = [{"index": 0, **body, "logprobs": logprobs, "finish_reason": finish}]
+        out["choices"] = [
+            {"index": self.index, **body, "logprobs": logprobs, "finish_reason": finish}
+        ]
         return out
 
     def deltas(self, text: str, entries: list, usage: bool) -> list[dict[str, Any]]:

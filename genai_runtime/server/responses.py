@@ -23,7 +23,11 @@ from .protocol import bad
 MAX_STORED = 256  # responses kept for previous_response_id
 ROLES = {"user", "system", "developer", "assistant"}
 # Responses fields that map one to one onto chat fields
-SAME = ("temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "logit_bias", "user")
+SAME = (
+    "temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "logit_bias", "user",
+    "reasoning", "chat_template_kwargs", "thinking_token_budget", "thinking_budget_tokens",
+    "thinking_budget",
+)  # fmt: skip
 
 
 class ResponseStore:

@@ -441,7 +441,8 @@ _value = st.recursive(
 _fields = [
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "top_k", "n", "stop", "seed", "stream", "stream_options", "logprobs", "top_logprobs",
-    "response_format", "echo", "suffix", "frequency_penalty",
+    "response_format", "echo", "suffix", "frequency_penalty", "thinking_token_budget",
+    "reasoning", "input", "encoding_format", "dimensions",
 ]  # fmt: skip
 _content = _text | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _text}),
                             max_size=2)  # fmt: skip
@@ -454,6 +455,7 @@ _format = st.sampled_from([
     {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(150)}},
     {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(40)}},
 ])  # fmt: skip
+PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/nope"]
 _good = {
     "model": st.just(SMALL),
     "messages": st.lists(_message, min_size=1, max_size=3),
@@ -480,7 +482,7 @@ _body = st.one_of(
 )
 @given(
     body=_body,
-    path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/nope"]),
+    path=st.sampled_from(PATHS),
     key=st.sampled_from([KEY, KEY, KEY, None, "bad"]),
 )
 def test_fuzzed_request_bodies_never_500(guarded, body, path, key):

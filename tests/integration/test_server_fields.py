@@ -122,10 +122,40 @@ def test_several_prompts_give_a_choice_each(small):
     assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
 
 
-def test_streaming_several_choices_is_refused_by_name(small):
-    body = {"model": small.state.served_name, "prompt": "Hi", "max_tokens": 2, "n": 2,
-            "stream": True}  # fmt: skip
-    reply = httpx.post(small.url + "/v1/completions", json=body, timeout=60)
-    assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream"
-    too_many = {**body, "stream": False, "n": 17}
+def test_several_choices_stream_each_by_its_index_as_they_reply_whole(small):
+    client, name = _client(small), small.state.served_name
+    ask = [{"role": "user", "content": "Tell me a story."}]
+    kw = dict(model=name, messages=ask, n=3, temperature=1.0, seed=11, max_tokens=10)
+    whole = client.chat.completions.create(**kw)
+    texts: dict[int, str] = {}
+    finishes, usages, roles = {}, [], 0
+    stream = client.chat.completions.create(**kw, stream=True,
+                                            stream_options={"include_usage": True})  # fmt: skip
+    for chunk in stream:
+        if chunk.usage is not None:
+            usages.append(chunk.usage)
+        for choice in chunk.choices:
+            roles += choice.delta.role == "assistant"
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert roles == 3 and sorted(texts) == [0, 1, 2]
+    assert [texts[k] for k in range(3)] == [c.message.content for c in whole.choices]
+    assert finishes == {c.index: c.finish_reason for c in whole.choices}
+    (usage,) = usages  # one usage chunk for every choice
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_several_prompts_stream_a_choice_each(small):
+    client, name = _client(small), small.state.served_name
+    prompts = ["The capital of France is", "Once upon a time"]
+    kw = dict(model=name, prompt=prompts, max_tokens=6, temperature=0, n=2)
+    whole = client.completions.create(**kw)
+    texts: dict[int, str] = {}
+    for chunk in client.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert [texts[k] for k in range(4)] == [c.text for c in whole.choices]
+    too_many = {"model": name, "prompt": "Hi", "n": 17, "stream": True}
     assert httpx.post(small.url + "/v1/completions", json=too_many, timeout=60).status_code == 400
