@@ -11,6 +11,8 @@ effect"), so the tensors are bound as inputs, once per executor.
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from types import MappingProxyType
 import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
+from ..session.device import Device
 from ..session.graph_io import TensorInfo
 from .executor import Executor
 from .plan import StagePlan
@@ -98,19 +101,42 @@ def check_adapter(adapter: AdapterFile, targets: Mapping[str, list[Target]]) -> 
                 )
 
 
+# Per adapter file, its tensors copied to each device that reads them: made once, so a
+# generator on a device binds device memory (a host tensor bound there is copied every run).
+_ON_DEVICE: weakref.WeakKeyDictionary[AdapterFile, dict[tuple[Device, str], ort.OrtValue]] = (
+    weakref.WeakKeyDictionary()
+)
+_ON_DEVICE_LOCK = threading.Lock()
+
+
+def _tensor_on(adapter: AdapterFile, name: str, device: Device) -> ort.OrtValue:
+    """``adapter``'s tensor ``name`` where ``device`` reads it (its own memory on the host)."""
+    value = adapter.tensors[name]
+    if device.host:
+        return value
+    with _ON_DEVICE_LOCK:
+        copies = _ON_DEVICE.setdefault(adapter, {})
+        if (device, name) not in copies:
+            copies[(device, name)] = device.upload(value.numpy())
+        return copies[(device, name)]
+
+
 def bind_adapter(executor: Executor, adapter: AdapterFile) -> None:
     """Bind the adapter's tensors on every stage that takes them; they stay bound for the
-    executor's life (an input with a default by pointer, an unfed input as a user input)."""
+    executor's life (an input with a default by pointer, an unfed input as a user input). On
+    a device they are bound from device copies made once per adapter file."""
     stages = [(stage.plan, stage.bound.session) for stage in executor.stages]
     targets = adapter_targets(stages)
     check_adapter(adapter, targets)
     by_stage = {stage.plan.name: stage for stage in executor.stages}
-    for name, value in adapter.tensors.items():
+    for name in adapter.tensors:
         for place in targets[name]:
+            bound = by_stage[place.stage].bound
+            value = _tensor_on(adapter, name, bound.device)
             if place.overridable:
-                by_stage[place.stage].bound.bind_value(name, value)
-            elif name not in executor.user_inputs or executor.user_inputs[name] is not value:
-                executor.set_input(name, value.numpy())
+                bound.bind_value(name, value)
+            elif executor.user_inputs.get(name) is not value:
+                executor.hold_input(name, value)
 
 
 def _fits(have: TensorInfo, want: TensorInfo) -> bool:

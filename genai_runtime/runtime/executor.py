@@ -378,8 +378,17 @@ class Executor:
             if repeat > 1 and _batched(stage, feed) and array.shape[0] * repeat == self.batch_size:
                 array = np.repeat(array, repeat, axis=0)
             _check_user_tensor(stage, feed, array, self.batch_size)
-        self.user_inputs[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
-        if any(s.step.when == "init" for s in readers):
+        # Copied once to the device its readers share (a host tensor bound on a device would
+        # be copied on every run); readers on different devices read it from the host.
+        devices = {s.bound.device for s in readers}
+        device = devices.pop() if len(devices) == 1 else HOST
+        self.hold_input(name, device.upload(np.ascontiguousarray(array)))
+
+    def hold_input(self, name: str, value: ort.OrtValue) -> None:
+        """A user tensor already checked and placed where its readers read it (an adapter's
+        device copy): bound as is from the next pass; init stages that read it rerun."""
+        self.user_inputs[name] = value
+        if any(s.step.when == "init" for s in self.stages for f in s.user_feeds if f.name == name):
             self._init_done = False
 
     # -- init phase ------------------------------------------------------------------------

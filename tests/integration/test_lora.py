@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
 import os
 import re
 from pathlib import Path
@@ -230,3 +231,26 @@ def test_server_picks_the_adapter_by_model_name(folder) -> None:
             assert reply.status_code == 404 and "tiny:zz" in reply.json()["error"]["message"]
     finally:
         handle.stop()
+
+
+def test_adapter_tensors_are_copied_to_a_device_once_per_file(folder) -> None:
+    """On a device (copy-on-bind emulation) an adapter's tensors are bound from device copies
+    made the first time a generator uses the file: a second generator copies nothing of them,
+    and the logits stay those of the merged weights."""
+    from genai_runtime.session.census import measure
+    from genai_runtime.session.device import COPY_ON_BIND
+
+    config = og.Config(str(folder))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {COPY_ON_BIND: "1"}}}}))
+    model = og.Model(config)
+    adapters = og.Adapters(model)
+    adapters.load(str(folder / "a.onnx_adapter"), "a")
+    adapter_bytes = sum(a.nbytes for a in lm.lora_weights(1).values())
+    copied = []
+    for _ in range(2):
+        with measure() as m:
+            sequence, logits = _run(og, model, adapters, ["a"])
+        copied.append(m.census.host_to_device_bytes)
+        expected = _numpy(sequence, lm.lora_weights(1), len(logits))
+        np.testing.assert_allclose(logits, expected, atol=1e-4)
+    assert copied[0] - copied[1] == adapter_bytes
