@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import REPO, require_shared
@@ -58,3 +61,24 @@ def test_map_batches_rows_in_order_with_an_error_row(report):
     failed = report["data"][5]
     assert failed[3] == "error" and "context is 64 tokens" in failed[4]
     assert all(r[4] is None and r[2] >= 1 for i, r in enumerate(report["data"]) if i != 5)
+
+
+def test_serve_ray_on_a_folder_that_cannot_load_exits_with_the_replica_error(tmp_path):
+    """Serve gives up on a replica whose constructor keeps failing: the command exits 1, its
+    ``error:`` line carrying the replica's own error (Ray's controller logs the traceback)."""
+    if os.environ.get("GENAI_RUNTIME_RAY_CLUSTER") != "1":
+        pytest.skip("a real Ray instance takes 20-40 s: set GENAI_RUNTIME_RAY_CLUSTER=1 to run it")
+    problem = namespace_problem()
+    if problem:
+        pytest.skip(f"no loopback-only network namespace for Ray: {problem}")
+    folder = tmp_path / "broken"
+    shutil.copytree(require_shared("models", SMALL), folder)
+    (folder / "model.onnx").write_bytes(b"not an onnx file")
+    cli = [sys.executable, "-m", "genai_runtime", "serve", str(folder), "--ray"]
+    home = Path(tempfile.mkdtemp(prefix="gr-"))  # Ray's socket paths must stay short
+    argv, env = isolated(cli, home)
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert errors and "could not start the replicas" in errors[-1], run.stderr[-2000:]
+    assert "ModelError" in errors[-1] and "model.onnx" in errors[-1], run.stderr[-2000:]

@@ -103,9 +103,27 @@ def deploy(app, *, host: str = "127.0.0.1", port: int = 8000, name: str = APP_NA
     there; returns the base URL once every replica is up (``serve.run`` waits for that)."""
     serve = require_ray("ray.serve")
     serve.start(http_options={"host": host, "port": port})
-    serve.run(app, name=name, route_prefix="/")
+    try:
+        serve.run(app, name=name, route_prefix="/")
+    except RuntimeError as exc:  # Serve gave up: a replica's constructor kept failing
+        raise GenaiRuntimeError(
+            f"Ray Serve could not start the replicas: {_deploy_failure(serve, name) or exc}"
+        ) from exc
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
+
+
+def _deploy_failure(serve: Any, name: str) -> str | None:
+    """The last line of the error a failed deployment reported (a replica's exception)."""
+    try:
+        deployments = serve.status().applications[name].deployments
+    except Exception:  # the status itself is unavailable: the caller says what Serve raised
+        return None
+    for status in deployments.values():
+        lines = [line for line in str(status.message or "").splitlines() if line.strip()]
+        if lines:
+            return lines[-1].strip()
+    return None
 
 
 def serve_until_interrupted(
