@@ -39,6 +39,7 @@ from ..errors import GenaiRuntimeError
 from .access_log import AccessLog, note_ignored, note_usage
 from .embeddings import embeddings_route
 from .engine import Job, ServerEngine
+from .heap import TrimAfterLargeRequests
 from .protocol import (
     RESPONSE_FORMATS,
     APIError,
@@ -214,7 +215,11 @@ def create_app(state: ServerState) -> Starlette:
     return Starlette(
         routes=routes,
         # The access log outside: it records the 500 _Contained answers for a failed request.
-        middleware=[Middleware(AccessLog), Middleware(_Contained)],
+        middleware=[
+            Middleware(AccessLog),
+            Middleware(TrimAfterLargeRequests),
+            Middleware(_Contained),
+        ],
         exception_handlers={APIError: api_error, HTTPException: http_error},
     )
 
