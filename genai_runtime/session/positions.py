@@ -26,6 +26,10 @@ class PositionState:
         self.length = 0
         self._pad = pad_token_id
         self._mask = np.zeros((batch_size, max_length), mask_dtype)
+        # Batch 1's mask is all ones up to its length (no padding): any prefix of this buffer
+        # is it. Read-only, so a device copy of it is made once and never refreshed.
+        self._ones = np.ones((1, max_length), mask_dtype)
+        self._ones.flags.writeable = False
         self._pos = np.zeros((batch_size, max_length), pos_dtype)
         self._next = np.zeros(batch_size, np.int64)  # next position per row
         self._prompt_next = np.zeros(batch_size, np.int64)
@@ -130,8 +134,8 @@ class PositionState:
     def mask_buffer(self) -> tuple[np.ndarray, tuple[int, int]]:
         """A buffer of fixed shape whose leading elements hold the ``[B, total]`` mask of the
         pass just recorded, and that shape (``BoundSession.feed_prefix`` binds them)."""
-        if self.batch_size == 1:
-            return self._mask, (1, self.length)
+        if self.batch_size == 1:  # all ones up to the length: one constant buffer serves
+            return self._ones, (1, self.length)
         self.mask()
         return self._mask_out, (self.batch_size, self.length)
 
