@@ -157,7 +157,7 @@ class KVCache(Protocol):
     formats: ClassVar[tuple[str, ...]]  # the layouts (``KVLayout.format``) the kind holds
     on_device: ClassVar[bool]  # keeps its buffers on the session's device
     uses_positions: ClassVar[bool]  # built from the row positions (scatter-style writes)
-    static_mask: ClassVar[bool]  # on a device, decode may feed the whole [B, max_length] mask
+    static_mask: ClassVar[bool]  # on a device, captured decode may feed the [B, max_length] mask
     can_rewind: ClassVar[bool]  # rewind_to any length it held (no eviction): speculation
     can_compact: ClassVar[bool]  # compact (keep one path of a token tree)
     chunk: int | None  # a fixed-shape kind: the tokens each pass takes; None otherwise
