@@ -64,8 +64,8 @@ def _keep_spare(key: tuple, arrays: list[np.ndarray]) -> None:
 class ShareBufferCache(KVCacheBase):
     kind: ClassVar[str] = "share-buffer"
     on_device: ClassVar[bool] = True
-    # Decode steps may feed the whole [B, max_length] mask: GroupQueryAttention takes each row's
-    # length from the mask's sum and writes into the max_length buffers, so its width is free.
+    # Captured decode steps may feed the whole [B, max_length] mask: GroupQueryAttention takes
+    # each row's length from the mask's sum, so the width changes only how it splits its work.
     static_mask: ClassVar[bool] = True
     can_compact: ClassVar[bool] = True
 
