@@ -39,6 +39,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     args.path = model_path(args.path)
     spec = load(args.path, preset_dirs=args.presets, root=args.root)
     route = classify(spec)
+    kv_plan = None
     if not args.config_only:
         check = check_graphs(spec)
         for warning in check.warnings:
@@ -48,7 +49,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
             for error in errors:
                 print(f"error: {error}", file=sys.stderr)
             return 1
+        if check.pipeline is not None and check.plan.layout is not None:
+            try:
+                kv_plan = check.pipeline.kv_plan()
+            except GenaiRuntimeError:  # already reported as a warning
+                kv_plan = None
     print(f"ok: {args.path} (v{spec.source_version}, route {route.kind})")
+    if kv_plan is not None:  # the route's reasons and more: explain
+        print(f"kv cache: {kv_plan.kind} ({kv_plan.reason})")
     return 0
 
 

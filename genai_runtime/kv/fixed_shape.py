@@ -14,12 +14,19 @@ Two kinds, differing in where rows live and how the mask ``[B, CTX + C]`` is ali
   RoPE positions come from ``position_ids``. Generation goes on past ``CTX`` (a sliding window);
   rewinding is refused once rows have been dropped.
 
-The mask's last ``C`` columns cover the chunk itself (1 for real tokens, 0 for padding); the
-graph applies causality inside the chunk.
+The mask comes in two widths, read from the graph. ``[B, CTX + C]``: the graph attends over the
+past with the chunk appended, and the mask's last ``C`` columns cover the chunk itself (1 for
+real tokens, 0 for padding). ``[B, CTX]`` (the designs' exports): the graph writes the chunk into
+its own copy of the past first (index_copy at ``cache_position``, or Slice + Concat dropping the
+oldest ``C`` rows) and attends over that, so the mask covers the slots after that write. Either
+way the graph applies causality inside the chunk. An index-copy graph that writes in the graph
+writes every column of a chunk, pads included, so a padded chunk must fit the context; its
+``cache_position`` may be one ``[C]`` vector for the whole batch (rows then hold equal lengths).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -30,6 +37,33 @@ from .base import KVCacheBase, KVLayout, PreallocatedBuffers, move_rows
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
+
+
+@dataclass(frozen=True)
+class ChunkShape:
+    """How one graph takes a chunk: its ``chunk`` new tokens, and whether it writes them into its
+    own copy of the past before attending (a ``[B, CTX]`` mask) or attends over past + chunk (a
+    ``[B, CTX + C]`` mask). A prefill graph and a one-token decode graph share one cache."""
+
+    chunk: int
+    in_graph: bool = False
+
+    def mask_width(self, ctx: int) -> int:
+        return ctx if self.in_graph else ctx + self.chunk
+
+
+class _ChunkBuffers:
+    """The per-pass inputs of one chunk shape, and the new rows its graph returns."""
+
+    def __init__(self, layout: KVLayout, batch: int, ctx: int, shape: ChunkShape, count: int):
+        c = shape.chunk
+        self.shape = shape
+        self.ids = np.zeros((batch, c), np.int64)
+        self.position_ids = np.zeros((batch, c), np.int64)
+        self.cache_position = np.zeros((batch, c), np.int64)
+        self.mask = np.zeros((batch, shape.mask_width(ctx)), np.int64)
+        self.new = [np.zeros(layout.shape(batch, c), layout.dtype) for _ in range(count)]
+        self.cols = np.arange(c, dtype=np.int64)
 
 
 class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
@@ -52,46 +86,53 @@ class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
         self._names = [pair for layer in zip(layout.past, layout.present) for pair in zip(*layer)]
         shape = layout.shape(batch_size, self._capacity)
         self._allocate([shape] * len(self._names), layout.dtype)  # host: rows written here
-        new_shape = layout.shape(batch_size, self.chunk)
-        self._new = [np.zeros(new_shape, layout.dtype) for _ in self._names]
-        ctx, c = self._capacity, self.chunk
-        self.ids = np.zeros((batch_size, c), np.int64)
-        self.position_ids = np.zeros((batch_size, c), np.int64)
-        self.cache_position = np.zeros((batch_size, c), np.int64)
-        self.mask = np.zeros((batch_size, ctx + c), np.int64)
         self.rows = np.zeros(batch_size, np.int64)  # real tokens per row in the current chunk
-        self._cols = np.arange(c, dtype=np.int64)
+        self._shapes: dict[ChunkShape, _ChunkBuffers] = {}
+        self._use(ChunkShape(self.chunk))
         self._bound: set[int] = set()
+
+    def _use(self, shape: ChunkShape) -> _ChunkBuffers:
+        """Make ``shape``'s buffers the current ones (``ids``, ``mask``... are read from here)."""
+        buf = self._shapes.get(shape)
+        if buf is None:
+            buf = _ChunkBuffers(self.layout, self._batch, self._capacity, shape, len(self._names))
+            self._shapes[shape] = buf
+        self._cur = buf
+        self.ids, self.position_ids = buf.ids, buf.position_ids
+        self.cache_position, self.mask, self._new = buf.cache_position, buf.mask, buf.new
+        return buf
 
     # -- one chunk ---------------------------------------------------------------------------
 
-    def check_room(self, counts: np.ndarray) -> None:
+    def check_room(self, counts: np.ndarray, shape: ChunkShape | None = None) -> None:
         """Refuse a pass that cannot fit, before anything is written."""
 
-    def fill(self, tokens: list[np.ndarray]) -> None:
-        """Lay out one chunk: ``tokens[b]`` are row b's real tokens in it (at most ``C``)."""
-        c = self.chunk
-        self.ids[...] = 0
-        self.position_ids[...] = 0
-        self.mask[...] = 0
+    def fill(self, tokens: list[np.ndarray], shape: ChunkShape | None = None) -> None:
+        """Lay out one chunk: ``tokens[b]`` are row b's real tokens in it (at most ``C``), for a
+        graph taking chunks of ``shape`` (default: the layout's, attending over past + chunk)."""
+        buf = self._use(shape or ChunkShape(self.chunk))
+        c, ctx = buf.shape.chunk, self._capacity
+        buf.ids[...] = 0
+        buf.position_ids[...] = 0
+        buf.mask[...] = 0
         for b, row in enumerate(tokens):
             k = len(row)
             self.rows[b] = k
             cols = slice(c - k, c) if self.left_padded else slice(0, k)
-            self.ids[b, cols] = row
-            np.add(self.valid[b], self._cols[:k], out=self.position_ids[b, cols])
-            self.mask[b, self._capacity :][cols] = 1
-            self._mask_past(b)
+            buf.ids[b, cols] = row
+            np.add(self.valid[b], buf.cols[:k], out=buf.position_ids[b, cols])
+            buf.mask[b, self._chunk_start(b, buf.shape) :][cols] = 1
+            self._mask_past(b, buf)
         # Slots the new rows take (pads continue counting, clipped to the context).
-        np.add(self.valid[:, None], self._cols[None, :], out=self.cache_position)
-        np.minimum(self.cache_position, self._capacity - 1, out=self.cache_position)
+        np.add(self.valid[:, None], buf.cols[None, :], out=buf.cache_position)
+        np.minimum(buf.cache_position, ctx - 1, out=buf.cache_position)
 
     def last_column(self, b: int) -> int:
         """The chunk column of row b's last real token."""
-        return self.chunk - 1 if self.left_padded else int(self.rows[b]) - 1
+        return self._cur.shape.chunk - 1 if self.left_padded else int(self.rows[b]) - 1
 
     def bind(self, stage: BoundSession, num_new: int) -> None:
-        if id(stage) in self._bound:
+        if id(stage) in self._bound:  # a stage always runs one chunk shape: bound once
             return
         for (past, present), value, new in zip(self._names, self._values, self._new):
             stage.bind_value(past, value)
@@ -123,7 +164,11 @@ class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
         move_rows(self._arrays, rows, 0)  # whole contexts: where rows sit depends on the kind
         self.valid[:] = self.valid[rows]
 
-    def _mask_past(self, b: int) -> None:
+    def _chunk_start(self, b: int, shape: ChunkShape) -> int:
+        """The mask column of the chunk's first column."""
+        raise NotImplementedError
+
+    def _mask_past(self, b: int, buf: _ChunkBuffers) -> None:
         raise NotImplementedError
 
     def _write(self, rows: np.ndarray, new: np.ndarray, valid: int, k: int) -> None:
@@ -137,7 +182,7 @@ class StaticIndexCopyCache(_FixedShapeCache):
     kind: ClassVar[str] = "static-index-copy"
     left_padded: ClassVar[bool] = False
 
-    def check_room(self, counts: np.ndarray) -> None:
+    def check_room(self, counts: np.ndarray, shape: ChunkShape | None = None) -> None:
         worst = int(np.argmax(self.valid + counts))
         if self.valid[worst] + counts[worst] > self._capacity:
             raise GenerationError(
@@ -145,9 +190,26 @@ class StaticIndexCopyCache(_FixedShapeCache):
                 f"{int(self.valid[worst])} (row {worst}) exceed the graph's fixed context of "
                 f"{self._capacity} positions"
             )
+        if shape is None or not shape.in_graph:
+            return
+        # The graph index-copies every column of a chunk, pads too: the last chunk must fit.
+        c = shape.chunk
+        chunks = -(-max(int(counts.max()), 1) // c)
+        need = self.valid + np.minimum(counts, (chunks - 1) * c) + c
+        worst = int(np.argmax(need))
+        if need[worst] > self._capacity:
+            raise GenerationError(
+                f"{self.layout.file}: the graph writes whole chunks of {c} slots at "
+                f"cache_position, pads included; {int(counts[worst])} new tokens after "
+                f"{int(self.valid[worst])} (row {worst}) end in a chunk reaching slot "
+                f"{int(need[worst])}, past the fixed context of {self._capacity}"
+            )
 
-    def _mask_past(self, b: int) -> None:
-        self.mask[b, : self.valid[b]] = 1
+    def _chunk_start(self, b: int, shape: ChunkShape) -> int:
+        return int(self.valid[b]) if shape.in_graph else self._capacity
+
+    def _mask_past(self, b: int, buf: _ChunkBuffers) -> None:
+        buf.mask[b, : self.valid[b]] = 1
 
     def _write(self, rows: np.ndarray, new: np.ndarray, valid: int, k: int) -> None:
         rows[:, valid : valid + k] = new[:, :k]
@@ -166,12 +228,18 @@ class StaticFifoCache(_FixedShapeCache):
     def evicted(self) -> bool:
         return bool((self.valid > self._capacity).any())
 
-    def _mask_past(self, b: int) -> None:
-        held = min(int(self.valid[b]), self._capacity)
-        self.mask[b, self._capacity - held : self._capacity] = 1
+    def _chunk_start(self, b: int, shape: ChunkShape) -> int:
+        return self._capacity - shape.chunk if shape.in_graph else self._capacity
+
+    def _mask_past(self, b: int, buf: _ChunkBuffers) -> None:
+        # In the graph, the chunk takes the last C slots: the held rows end before it, and the
+        # oldest fall out of this pass's view (the cache still holds them for the next pass).
+        end = self._chunk_start(b, buf.shape)
+        held = min(int(self.valid[b]), end)
+        buf.mask[b, end - held : end] = 1
 
     def _write(self, rows: np.ndarray, new: np.ndarray, valid: int, k: int) -> None:
-        ctx, c = self._capacity, self.chunk
+        ctx, c = self._capacity, self._cur.shape.chunk
         if k < ctx:  # slide left by k (overlapping: NumPy buffers the copy)
             rows[:, : ctx - k] = rows[:, k:]
         rows[:, max(ctx - k, 0) :] = new[:, c - min(k, ctx) :]

@@ -28,7 +28,7 @@ from ..session.graph_io import LAST_POSITION_SWITCH
 from ..session.positions import PositionState
 from ..spec import TokensSpec
 from .cuda_graphs import CudaGraphs
-from .fixed_pass import FixedShapePass
+from .fixed_pass import FixedShapePass, Source
 from .logits import LogitsBuffer
 from .plan import RECURRENT_ROLES, SCALAR_ROLES, Plan
 from .stage import BoundStage, stage_output
@@ -139,9 +139,10 @@ class Executor:
         self._fixed_rows = np.zeros((batch_size, 0), np.float32)
         self._tree: TreePass | None = None  # set during a token-tree pass
         if self.cache is not None and self.cache.chunk:
+            source = Source(self._source_eos, start_token, self._pad) if self._source else None
             self._fixed = FixedShapePass(
                 self.stages, self._logits_stage, self.cache, self.positions, self.logits,
-                self.user_inputs,
+                self.user_inputs, cross=self.cross, source=source,
             )  # fmt: skip
         # On a device, a cache that declares it lets decode steps feed the whole [B, max_length]
         # mask, so a captured graph replays; uncaptured steps feed the mask's true width (as
@@ -223,7 +224,7 @@ class Executor:
             )
         if self._fixed is not None:
             self._fixed_rows = self._fixed.forward(tokens)
-            self._last_run[self._logits_stage.plan.name] = self._logits_stage
+            self._last_run.update((s.plan.name, s) for s in self._fixed.ran)
             self._last_tokens = tokens
             return
         prompt_pass = self.length == 0 or n > 1

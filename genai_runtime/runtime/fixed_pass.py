@@ -1,22 +1,42 @@
-"""Passes over a fixed-shape graph (Windows ML composite style): every input fixed, the KV cache
+"""Passes over fixed-shape graphs (Windows ML composite style): every input fixed, the KV cache
 written by the runtime. Each row's real tokens are packed ``chunk`` at a time (padded where the
 cache kind wants padding), the graph runs once per chunk, and the cache takes each chunk's new
-rows; the logits kept are each row's at its last real token."""
+rows; the logits kept are each row's at its last real token.
+
+The step stages share one cache: a single decoder graph, or a prefill graph (a chunk of ``C``
+tokens, run on the prompt) beside a decode graph (one token, run on each new token). An encoder
+in phase ``init`` that reads the prompt (T5) runs once per prompt on the prompt with EOS
+appended, right-padded to its fixed source length; its outputs fill the cross-attention cache and
+its mask is the decoder's ``encoder_attention_mask``; the decoder starts from the decoder start
+token."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError
 from ..kv import KVCache
+from ..kv.cross import CrossCache
+from ..kv.fixed_shape import ChunkShape
 from ..session.positions import PositionState
 from .logits import LogitsBuffer
 from .stage import BoundStage
 
-ROLES = ("input_ids", "attention_mask", "position_ids", "cache_position")
+ROLES = ("input_ids", "attention_mask", "position_ids", "cache_position", "encoder_attention_mask")
+SOURCE_ROLES = ("input_ids", "attention_mask")
+
+
+@dataclass(frozen=True)
+class Source:
+    """An encoder reads the prompt: the token it appends, the decoder's first token, the pad."""
+
+    eos: int
+    start: int
+    pad: int | None  # None: EOS pads the source
 
 
 class FixedShapePass:
@@ -28,47 +48,119 @@ class FixedShapePass:
         positions: PositionState,
         logits: LogitsBuffer,
         user_inputs: Mapping[str, ort.OrtValue],
+        *,
+        cross: CrossCache | None = None,
+        source: Source | None = None,
     ):
-        """``stage`` holds the cache and the logits; ``user_inputs`` is the executor's own map
-        (read at each pass)."""
+        """``stage`` is the executor's logits stage (checked like the other step stages);
+        ``user_inputs`` is the executor's own map (read at each pass)."""
         steps = [s for s in stages if s.step.when == "step"]
-        if len(stages) != 1 or steps != [stage] or not stage.has_kv:
+        self.init = [s for s in stages if s.step.when == "init"]
+        others = [s for s in stages if s.step.when not in ("step", "init")]
+        file = stage.plan.io.file
+        if others or not steps or any(not s.has_kv or s.plan.logits is None for s in steps):
             raise ModelError(
-                f"{stage.plan.io.file}: a {cache.kind} cache runs a single decoder stage "
-                f"that holds the KV cache and the logits; this pipeline has {len(stages)} stages"
+                f"{file}: a {cache.kind} cache runs step stages that all hold the KV cache and "
+                f"the logits (a decoder, or a prefill and a decode graph), after at most an "
+                f"encoder in phase init; this pipeline runs "
+                + ", ".join(f"{s.plan.name} ({s.step.when})" for s in stages)
+            )
+        if self.init and source is None:
+            raise ModelError(
+                f"{self.init[0].plan.io.file}: a {cache.kind} cache runs an init stage only as "
+                "a text encoder that reads input_ids (the prompt)"
+            )
+        self.prompt = [s for s in steps if s.step.run_on_prompt]
+        self.token = [s for s in steps if s.step.run_on_token_gen]
+        if len(self.prompt) != 1 or len(self.token) != 1:
+            raise ModelError(
+                f"{file}: a {cache.kind} cache runs one step stage per kind of pass; the prompt "
+                f"runs {len(self.prompt)}, each new token {len(self.token)}"
+            )
+        self.shapes = {id(s): self._shape(s, cache) for s in steps}
+        for s in self.init:
+            for feed in s.role_feeds:
+                if feed.role not in SOURCE_ROLES:
+                    raise ModelError(
+                        f"{s.plan.io.file}: input {feed.name!r} ({feed.role}) is not fed to an "
+                        f"encoder before a {cache.kind} cache (it takes "
+                        f"{', '.join(SOURCE_ROLES)})"
+                    )
+        for s in stages:
+            if s.wire_feeds:
+                raise ModelError(
+                    f"{s.plan.io.file}: input {s.wire_feeds[0].name!r} is wired from another "
+                    f"stage; with a {cache.kind} cache the encoder's outputs reach the decoder "
+                    "through the cross-attention cache only"
+                )
+        self.stage, self.cache, self.positions = stage, cache, positions
+        self.logits, self.user_inputs = logits, user_inputs
+        self.cross, self.source = cross, source
+        self.batch_size = positions.batch_size
+        self.ran: list[BoundStage] = []  # the stages the last pass ran (init ones included)
+        self._rows: np.ndarray | None = None  # [B, V] logits of the last real tokens
+        self._casts: dict[tuple, np.ndarray] = {}
+        self._source_mask: np.ndarray | None = None
+
+    @staticmethod
+    def _shape(stage: BoundStage, cache: KVCache) -> ChunkShape:
+        """The chunk a step stage takes, and whether its graph writes the chunk itself (its
+        mask spans the context only) or attends over past + chunk (the mask spans both)."""
+        plan, file = stage.plan, stage.plan.io.file
+        layout = plan.layout
+        chunk = layout.new_rows if layout is not None else None
+        if not chunk or layout.static_capacity != cache.capacity:
+            raise ModelError(
+                f"{file}: step stages sharing a {cache.kind} cache must each take a past fixed at "
+                f"{cache.capacity} rows and return a fixed chunk of new rows"
             )
         for feed in stage.role_feeds:
             if feed.role not in ROLES:
                 raise ModelError(
-                    f"{stage.plan.io.file}: input {feed.name!r} ({feed.role}) is not fed to a "
-                    f"fixed-shape graph (a {cache.kind} cache feeds {', '.join(sorted(ROLES))})"
+                    f"{file}: input {feed.name!r} ({feed.role}) is not fed to a fixed-shape graph "
+                    f"(a {cache.kind} cache feeds {', '.join(sorted(ROLES))})"
                 )
-        info = stage.plan.logits
-        if info.rank != 3 or info.static_dim(1) not in (None, cache.chunk):
+            if feed.role == "cache_position" and feed.info.rank not in (1, 2):
+                raise ModelError(
+                    f"{file}: cache_position {feed.info} must be [{chunk}] or [batch, {chunk}]"
+                )
+        info = plan.logits
+        if info.rank != 3 or info.static_dim(1) not in (None, chunk):
             raise ModelError(
-                f"{stage.plan.io.file}: logits {info} must be [batch, {cache.chunk}, "
-                "vocab] for a fixed-shape graph"
+                f"{file}: logits {info} must be [batch, {chunk}, vocab] for a fixed-shape graph"
             )
-        self.stage, self.cache, self.positions = stage, cache, positions
-        self.logits, self.user_inputs = logits, user_inputs
-        self.batch_size = positions.batch_size
-        self._rows: np.ndarray | None = None  # [B, V] logits of the last real tokens
-        self._casts: dict[str, np.ndarray] = {}
+        ctx = cache.capacity
+        masks = [f.info for f in stage.role_feeds if f.role == "attention_mask"]
+        width = masks[0].static_dim(masks[0].rank - 1) if masks else None
+        if width not in (None, ctx, ctx + chunk):
+            raise ModelError(
+                f"{file}: attention_mask {masks[0]} must span the context ({ctx}: the graph "
+                f"writes the chunk into its past first) or context + chunk ({ctx + chunk})"
+            )
+        return ChunkShape(chunk, in_graph=width == ctx)
 
     def forward(self, tokens: np.ndarray) -> np.ndarray:
         """One pass over ``tokens`` [B, n]; logits [B, V] at each row's last real token."""
-        cache, stage, positions = self.cache, self.stage, self.positions
+        cache, positions = self.cache, self.positions
         n, start = tokens.shape[1], positions.length
         positions.update(tokens)
+        valid = cache.valid.copy()
+        self.ran = []
         try:
-            real = positions.real_columns(start, n)
-            rows = [tokens[b, real[b]] for b in range(self.batch_size)]
-            counts = real.sum(axis=1)
-            cache.check_room(counts)
-            c = cache.chunk
+            if self.source is not None and start == 0:
+                self._encode(tokens, n)
+                rows = [np.array([self.source.start], np.int64)] * self.batch_size
+            else:
+                real = positions.real_columns(start, n)
+                rows = [tokens[b, real[b]] for b in range(self.batch_size)]
+            stage = self.prompt[0] if start == 0 or n > 1 else self.token[0]
+            shape = self.shapes[id(stage)]
+            counts = np.array([len(row) for row in rows], np.int64)
+            cache.check_room(counts, shape)
+            c = shape.chunk
             for first in range(0, max(int(counts.max()), 1), c):
-                cache.fill([row[first : first + c] for row in rows])
-                self._feed()
+                cache.fill([row[first : first + c] for row in rows], shape)
+                self._feed(stage)
                 stage.bound.run()
                 cache.commit()
                 logits = self.logits.whole(stage)
@@ -78,26 +170,85 @@ class FixedShapePass:
                 for b in range(self.batch_size):
                     if cache.rows[b] and first + cache.rows[b] == counts[b]:  # its last token
                         out[b] = logits[b, cache.last_column(b)]
+            self.ran.append(stage)
             cache.advance(stage.bound, n)
         except Exception:
             positions.rewind_to(start)
-            cache.rewind_to(start)
+            if self.source is not None and start:
+                cache.valid[:] = valid  # the decoder's rows: an index-copy cache overwrites
+            else:
+                cache.rewind_to(start)
             raise
         return out
 
-    def _feed(self) -> None:
-        cache, stage = self.cache, self.stage
+    def _encode(self, tokens: np.ndarray, n: int) -> None:
+        """Run the encoder on the prompt (EOS appended, right-padded to its fixed length)."""
+        src = self.source
+        real = self.positions.last_index + 1 if self.batch_size > 1 else [n]
+        for stage in self.init:
+            ids_info = next((f.info for f in stage.role_feeds if f.role == "input_ids"), None)
+            width = ids_info.static_dim(1) if ids_info is not None else None
+            if width is None:
+                width = n + 1
+            if n + 1 > width:
+                raise GenerationError(
+                    f"{stage.plan.io.file}: a prompt of {n} tokens plus EOS exceeds the "
+                    f"encoder's fixed source length of {width}"
+                )
+            pad = src.pad if src.pad is not None else src.eos
+            ids = np.full((self.batch_size, width), pad, np.int64)
+            mask = np.zeros((self.batch_size, width), np.int64)
+            for row, count in enumerate(real):
+                ids[row, :count] = tokens[row, :count]
+                ids[row, count] = src.eos
+                mask[row, : count + 1] = 1
+            self._source_mask = mask
+            arrays = {"input_ids": ids, "attention_mask": mask}
+            for feed in stage.role_feeds:
+                stage.bound.feed(feed.name, self._cast(feed.name, arrays[feed.role], feed))
+            self._bind_user(stage)
+            stage.bind_alloc_outputs()
+            stage.bound.run()
+            self.ran.append(stage)
+            if self.cross is not None and stage.plan.name == self.cross.layout.source:
+                self.cross.capture(stage.bound)
+
+    def _feed(self, stage: BoundStage) -> None:
+        cache = self.cache
         arrays = {
             "input_ids": cache.ids,
             "attention_mask": cache.mask,
             "position_ids": cache.position_ids,
             "cache_position": cache.cache_position,
+            "encoder_attention_mask": self._source_mask,
         }
         for feed in stage.role_feeds:
             array = arrays[feed.role]
-            if array.dtype != feed.info.dtype:
-                array = self._cast(feed.name, array, feed.info.dtype)
-            stage.bound.feed(feed.name, array)
+            if array is None:
+                raise ModelError(
+                    f"{stage.plan.io.file}: input {feed.name!r} (encoder_attention_mask) needs "
+                    "an encoder in phase init that reads input_ids"
+                )
+            if feed.role == "cache_position" and feed.info.rank == 1:
+                # One slot vector for the whole batch (Hugging Face's StaticCache index_copy).
+                if (array != array[0]).any():
+                    raise GenerationError(
+                        f"{stage.plan.io.file}: input {feed.name!r} {feed.info} gives one slot "
+                        "per chunk column for the whole batch, but the rows hold different "
+                        f"lengths ({', '.join(str(int(v)) for v in cache.valid)})"
+                    )
+                array = array[0]
+            stage.bound.feed(feed.name, self._cast(feed.name, array, feed))
+        self._bind_user(stage)
+        cache.bind(stage.bound, cache.chunk)
+        if stage.has_cross:
+            if self.cross is None:
+                raise ModelError(f"{stage.plan.io.file}: cross-attention inputs without a source")
+            self.cross.bind(stage.bound)
+        self.logits.bind(stage, self.shapes[id(stage)].chunk)
+        stage.bind_alloc_outputs()
+
+    def _bind_user(self, stage: BoundStage) -> None:
         for feed in stage.user_feeds:
             if feed.name not in self.user_inputs:
                 raise GenerationError(
@@ -105,13 +256,14 @@ class FixedShapePass:
                     "role or cache provides: set it with set_inputs() / set_model_input()"
                 )
             stage.bound.bind_value(feed.name, self.user_inputs[feed.name])
-        cache.bind(stage.bound, cache.chunk)
-        self.logits.bind(stage, cache.chunk)
-        stage.bind_alloc_outputs()
 
-    def _cast(self, name: str, array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        out = self._casts.get(name)
-        if out is None or out.dtype != dtype:  # one per input: rebound by pointer every chunk
-            out = self._casts[name] = np.zeros(array.shape, dtype)
+    def _cast(self, name: str, array: np.ndarray, feed) -> np.ndarray:
+        dtype = feed.info.dtype
+        if array.dtype == dtype:
+            return array
+        key = (name, array.shape)  # one per input and shape: rebound by pointer every chunk
+        out = self._casts.get(key)
+        if out is None or out.dtype != dtype:
+            out = self._casts[key] = np.zeros(array.shape, dtype)
         out[...] = array
         return out

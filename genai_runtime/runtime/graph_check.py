@@ -70,14 +70,15 @@ def probe_problems(pipeline: LoadedPipeline) -> tuple[list[str], list[str]]:
     if any(f.source == "user" for stage in plan.stages for f in stage.feeds):
         return [], []  # needs inputs only the user gives (images, audio...): nothing to probe
     kv_plan = pipeline.kv_plan()
+    batch = (layout.static_batch if layout is not None else None) or 1  # a graph may fix it
     try:
-        executor = pipeline.executor(1, 2)
-        executor.forward(np.zeros((1, 1), np.int32))
+        executor = pipeline.executor(batch, 2)
+        executor.forward(np.zeros((batch, 1), np.int32))
         if kv_plan is not None and kv_plan.kind == "concat":
             problems = _present_problems(spec, executor)
             if problems:
                 return problems, []
-        executor.forward(np.zeros((1, 1), np.int32))
+        executor.forward(np.zeros((batch, 1), np.int32))
     except Exception as exc:
         reason = clip_text(str(exc), 400)
         hint = ""
