@@ -11,8 +11,9 @@ Formats (``CALL_FORMATS``), chosen by what the chat template renders (``tool_pro
 
 The parser (``CallSplitter``) reads every format, whatever the template: blocks in tags
 anywhere in the reply, or a reply that is JSON from its first character, also inside a Markdown
-fence (```` ```json ````: Qwen2.5-Coder-1.5B writes its calls so under ``auto``). Names it does
-not know and text that does not parse stay content. It takes the reply piece by piece, so a streamed
+fence (```` ```json ````: Qwen2.5-Coder-1.5B writes its calls so under ``auto``), or in doubled
+braces as Qwen2.5's template shows the format. Names it does not know and text that does not
+parse stay content. It takes the reply piece by piece, so a streamed
 reply splits into exactly the content and calls of the whole one.
 """
 
@@ -168,12 +169,28 @@ def _as_calls(value: Any, names: frozenset[str]) -> list[ToolCall] | None:
     return calls
 
 
+def _decode(text: str) -> tuple[Any, int]:
+    """The JSON value ``text`` opens with and where it ends; a call in doubled braces,
+    ``{{"name": ..., "arguments": {...}}}``, reads as the object inside them (Qwen2.5's template
+    shows the call format so, and its small models copy it). ValueError if neither parses."""
+    try:
+        return json.JSONDecoder().raw_decode(text)
+    except (ValueError, RecursionError):
+        if not text.startswith("{{"):
+            raise ValueError("not JSON") from None
+    value, end = json.JSONDecoder().raw_decode(text, 1)
+    close = len(text) - len(text[end:].lstrip(WHITESPACE))
+    if not isinstance(value, dict) or text[close : close + 1] != "}":
+        raise ValueError("not JSON")
+    return value, close + 1
+
+
 def _parse(text: str, names: frozenset[str]) -> list[ToolCall] | None:
     try:
-        value = json.loads(text)
+        value, end = _decode(text)
     except (ValueError, RecursionError):
         return None
-    return _as_calls(value, names)
+    return _as_calls(value, names) if not text[end:].strip(WHITESPACE) else None
 
 
 def _fenced_json(text: str) -> bool | None:
@@ -272,7 +289,7 @@ class CallSplitter:
             rest = rest[rest.index("\n") + 1 :].lstrip(WHITESPACE)
         while rest[:1] in ("{", "["):
             try:
-                value, end = json.JSONDecoder().raw_decode(rest)
+                value, end = _decode(rest)
             except (ValueError, RecursionError):
                 break
             calls = _as_calls(value, self.names)

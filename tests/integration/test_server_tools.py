@@ -401,3 +401,47 @@ def test_required_on_the_pulled_coder_model_makes_one_call_and_stops():
                 choice.message.tool_calls] == [("get_weather", {"city": "Paris"})]  # fmt: skip
     finally:
         handle.stop()
+
+
+def test_a_call_in_doubled_braces_is_a_call_plain_streamed_and_in_responses(full):
+    """Qwen2.5's template shows the call format as ``{{"name": ..., "arguments": ...}}`` and
+    Qwen2.5-Coder-1.5B copies the doubled braces under ``auto`` (the Agents SDK's first turn):
+    the server returned no content and no call, finish ``stop``. SmolLM2 writes the same
+    reply here after two earlier turns so written; it is one call in every API."""
+    client, name = _client(full), _name(full)
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    doubled = '{{"name": "get_weather", "arguments": {"city": "%s"}}}'
+    messages = [
+        {"role": "user", "content": "Weather in Rome?"},
+        {"role": "assistant", "content": doubled % "Rome"},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": doubled % "Oslo"},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]  # fmt: skip
+    request = dict(model=name, messages=messages, tools=[weather], temperature=0, max_tokens=40)
+    reply = client.chat.completions.create(logprobs=True, **request)
+    written = "".join(entry.token for entry in reply.choices[0].logprobs.content)
+    assert written == doubled % "Paris", written  # what the model wrote
+    plain = _plain(reply)
+    assert plain[0] is None and plain[2] == "tool_calls", plain
+    assert [(c["name"], json.loads(c["arguments"])) for c in plain[1]] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert _same_but_ids(_streamed(client, **request), plain)
+    answer = client.responses.create(
+        model=name, input=messages, tools=[{"type": "function", **weather["function"]}],
+        temperature=0, max_output_tokens=40,
+    )  # fmt: skip
+    assert [(i.type, i.name, json.loads(i.arguments)) for i in answer.output] == [
+        ("function_call", "get_weather", {"city": "Paris"})
+    ]

@@ -172,11 +172,21 @@ def test_result_files_carry_their_header(result: Path) -> None:
         assert known.returncode == 0, (result.name, commit)
 
 
+def _dated(result: Path) -> tuple[str, int, str]:
+    """(date, rerun, topic) of a result file: a second measurement on one day is
+    ``<date>-<topic>-2.md``."""
+    rerun = re.search(r"-(\d+)\.md$", result.name)
+    topic = result.name[11:]
+    if rerun:
+        topic = topic[: -len(rerun[0])] + ".md"
+    return result.name[:10], int(rerun[1]) if rerun else 1, topic
+
+
 def test_results_index_names_the_latest_file_per_topic() -> None:
     assert RESULT_FILES
     latest: dict[str, str] = {}
-    for result in RESULT_FILES:  # sorted by name, so by date within a topic
-        latest[result.name[11:]] = result.name
+    for result in sorted(RESULT_FILES, key=_dated):  # by date, then the day's rerun, per topic
+        latest[_dated(result)[2]] = result.name
     index = (RESULTS / "README.md").read_text(encoding="utf-8")
     rows = [line.split("|")[1:-1] for line in index.splitlines() if line.startswith("| ")]
     listed_latest = {name for row in rows[1:] for name in LINK.findall(row[1])}

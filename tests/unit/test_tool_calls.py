@@ -163,6 +163,17 @@ REPLIES = [
 ]
 
 
+# Qwen2.5's template shows the call format in doubled braces ({{"name": ...}}); its 1.5B copies
+# them under tool_choice auto, and such a reply was dropped whole (neither content nor a call).
+DOUBLED = [
+    '{{"name": "get_weather", "arguments": {"city": "Paris"}}}',
+    '<tool_call>\n{{"name": "add", "arguments": {"a": 1}}}\n</tool_call>',
+    '```json\n{{ "name": "add", "arguments": {"a": 2} }}\n```\nDone.',
+    '{{"a": 1}} is no call',
+    '<tool_call>\n{{"name": "add", "arguments": {"a": 1}}} and more\n</tool_call>',
+]
+
+
 def _shape(pieces):
     return [p if isinstance(p, str) else (p.name, json.loads(p.arguments)) for p in pieces]
 
@@ -185,8 +196,16 @@ def test_replies_split_into_content_and_calls():
     assert call.as_openai()["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.sampled_from(REPLIES), st.lists(st.integers(0, 200), max_size=8))
+def test_a_call_in_doubled_braces_is_a_call():
+    got = [_shape(split_reply(text, NAMES)) for text in DOUBLED]
+    assert got[0] == [("get_weather", {"city": "Paris"})]
+    assert got[1] == [("add", {"a": 1})]
+    assert got[2] == [("add", {"a": 2}), "Done."]
+    assert got[3:] == [[text] for text in DOUBLED[3:]]  # no call, or not one call alone
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(REPLIES + DOUBLED), st.lists(st.integers(0, 200), max_size=8))
 def test_a_streamed_reply_splits_as_the_whole_one(text, cuts):
     splitter, pieces, at = CallSplitter(NAMES), [], 0
     for cut in [*sorted({min(c, len(text)) for c in cuts}), len(text)]:
