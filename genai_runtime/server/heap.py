@@ -2,14 +2,14 @@
 
 glibc's allocator keeps the pages a large request freed (a 1 MiB body parsed, tokenized,
 templated and refused), so a server that saw a few such requests stayed hundreds of MiB larger
-for good. After a request whose body was large, ``malloc_trim(0)`` runs once on a worker thread
-(never two at a time, at most one per ``MIN_GAP_S``), returning those pages to the system.
+for good. After a request whose body was large, ``malloc_trim(0)`` runs on a timer thread (never
+two at a time, at most one per ``MIN_GAP_S``, the last of a burst always followed by one),
+returning those pages to the system.
 Elsewhere than glibc there is nothing to call and the middleware only passes requests on.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import ctypes.util
 import sys
@@ -35,31 +35,41 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 class HeapTrim:
-    """Runs ``malloc_trim(0)`` on request, on a worker thread, one at a time."""
+    """``malloc_trim(0)`` on request, on a timer thread: at once if none ran within
+    ``MIN_GAP_S``, else once that gap has passed, so the last of a burst of large requests is
+    always followed by one. Never two at a time, never more than one waiting."""
 
-    def __init__(self, trim: Callable[[int], int] | None = None):
+    def __init__(self, trim: Callable[[int], int] | None = None, gap_s: float = MIN_GAP_S):
         self._trim = trim if trim is not None else _malloc_trim()
+        self._gap = gap_s
         self._lock = threading.Lock()
-        self._last = 0.0
+        self._last = -gap_s
+        self._waiting = False
         self.count = 0  # trims run (for tests and logs)
 
     @property
     def available(self) -> bool:
         return self._trim is not None
 
-    def run(self) -> bool:
-        """Trim now unless one runs or ran within ``MIN_GAP_S``; whether it ran."""
-        if self._trim is None or not self._lock.acquire(blocking=False):
-            return False
+    def request(self) -> None:
+        """Trim soon (see the class); a request while one waits joins it."""
+        with self._lock:
+            if self._trim is None or self._waiting:
+                return
+            self._waiting = True
+            delay = max(0.0, self._last + self._gap - time.monotonic())
+        timer = threading.Timer(delay, self._run)
+        timer.daemon = True
+        timer.start()
+
+    def _run(self) -> None:
         try:
-            if time.monotonic() - self._last < MIN_GAP_S:
-                return False
             self._trim(0)
-            self._last = time.monotonic()
-            self.count += 1
-            return True
         finally:
-            self._lock.release()
+            with self._lock:
+                self._last = time.monotonic()
+                self._waiting = False
+                self.count += 1
 
 
 class TrimAfterLargeRequests:
@@ -86,4 +96,4 @@ class TrimAfterLargeRequests:
             await self.app(scope, counted, send)
         finally:
             if seen >= BIG_BODY:
-                asyncio.get_running_loop().run_in_executor(None, self.heap.run)
+                self.heap.request()

@@ -52,8 +52,9 @@ def test_large_refused_requests_leave_the_server_near_its_size(smollm2_2layers_d
                 body = {"model": name, "messages": [{"role": "user", "content": text}]}
                 reply = client.post("/v1/chat/completions", json=body)
             assert reply.status_code == 400 and "context" in reply.text, reply.text[:300]
-        time.sleep(1.5)  # the last trim runs on a worker thread after its reply
-        grown = _rss_mib(proc.pid) - before
+        deadline = time.monotonic() + 15  # the last trim runs on a timer thread, gap after gap
+        while (grown := _rss_mib(proc.pid) - before) >= 50 and time.monotonic() < deadline:
+            time.sleep(0.5)
         print(f"RSS {before:.0f} MiB before, +{grown:.0f} MiB after 12 refused 1 MiB requests")
         assert grown < 50, grown  # without the trim: ~100 MiB
     finally:
@@ -61,18 +62,25 @@ def test_large_refused_requests_leave_the_server_near_its_size(smollm2_2layers_d
         proc.wait(timeout=30)
 
 
-def test_the_trim_runs_once_at_a_time_and_not_twice_within_its_gap() -> None:
+def test_a_trim_asked_within_the_gap_runs_once_the_gap_has_passed() -> None:
     calls = []
-    heap = HeapTrim(trim=lambda pad: calls.append(pad) or 1)
-    assert heap.run() and calls == [0]
-    assert not heap.run() and calls == [0]  # within MIN_GAP_S of the last
+    heap = HeapTrim(trim=lambda pad: calls.append(time.monotonic()) or 1, gap_s=0.3)
+    heap.request()
+    time.sleep(0.1)
+    assert len(calls) == 1
+    heap.request()  # within the gap: waits for it
+    heap.request()  # joins the one waiting
+    time.sleep(0.1)
+    assert len(calls) == 1
+    time.sleep(0.4)
+    assert len(calls) == 2 and calls[1] - calls[0] >= 0.3
 
 
 def test_only_requests_with_a_large_body_schedule_a_trim() -> None:
     import asyncio
 
     calls = []
-    heap = HeapTrim(trim=lambda pad: calls.append(pad) or 1)
+    heap = HeapTrim(trim=lambda pad: calls.append(pad) or 1, gap_s=0.0)
 
     async def app(scope, receive, send):
         while (await receive()).get("more_body"):
@@ -83,9 +91,10 @@ def test_only_requests_with_a_large_body_schedule_a_trim() -> None:
                   {"type": "http.request", "body": b"x" * (size - size // 2)}]  # fmt: skip
         middleware = TrimAfterLargeRequests(app, heap)
         await middleware({"type": "http"}, lambda: asyncio.sleep(0, chunks.pop(0)), None)
-        await asyncio.sleep(0.2)  # the worker thread's trim
 
     asyncio.run(serve(BIG_BODY - 1))
+    time.sleep(0.2)
     assert calls == []
     asyncio.run(serve(BIG_BODY))
+    time.sleep(0.2)  # the timer thread's trim
     assert calls == [0]
