@@ -131,13 +131,23 @@ CORPUS = [
 ] * 4
 
 
-def write_hf(folder: Path, arch: str, *, seed: int = 0, dtype: Any = np.float32) -> Path:
+def write_hf(
+    folder: Path,
+    arch: str,
+    *,
+    seed: int = 0,
+    dtype: Any = np.float32,
+    added_tokens: tuple[str, ...] = (),
+) -> Path:
     """A random-weight checkpoint of ``arch`` (ARCHS) in ``folder``: config.json,
     model.safetensors (``dtype``), tokenizer.json, tokenizer_config.json,
-    generation_config.json."""
+    generation_config.json. ``added_tokens``: extra single tokens in the vocabulary (as
+    Qwen3's ``<think>`` and ``</think>``)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     tok = qwen_tokenizer(CORPUS)
+    if added_tokens:
+        tok.add_tokens(list(added_tokens))
     tok.save(str(folder / "tokenizer.json"))
     cfg = {**BASE, **ARCHS[arch], "vocab_size": tok.get_vocab_size()}
     cfg["eos_token_id"] = tok.token_to_id("<|im_end|>")
