@@ -4,6 +4,7 @@ speed against llama.cpp on the same GGUF.
     python benchmarks/qwen_coder.py quality [--model qwen2.5-coder-0.5b] [--new-tokens 256]
     python benchmarks/qwen_coder.py ngram   [--model ...] [--rounds 3] [--new-tokens 128]
     python benchmarks/qwen_coder.py speed [--llama-python SIDE/bin/python] [--threads 1 2]
+    python benchmarks/qwen_coder.py speed --compare int4 int4-lean [--threads 1 2]
     python benchmarks/qwen_coder.py reference --reference REF_FOLDER [--new-tokens 64]
 
 The model comes from the pull cache (``genai-runtime pull qwen2.5-coder-0.5b``); the other
@@ -59,9 +60,11 @@ PROMPTS = [
 SETTINGS = {  # name -> import settings
     "fp32": {"quant": "fp32"},
     "int4-level0": {"quant": "int4", "accuracy_level": 0},
-    "int4": {},  # the default: int4 (the GGUF's own 4-bit blocks, exact 8-bit for wider ones)
+    "int4": {"quant": "int4"},  # the GGUF's own 4-bit blocks, exact 8-bit for wider ones
+    "int4-lean": {"quant": "int4-lean"},  # re-rounded to integer zero points, 8-bit blocks of 32
     "int8": {"quant": "int8"},
 }
+QUALITY_SETTINGS = ("int4-level0", "int4", "int4-lean", "int8")
 GENAI_WORKER = r"""
 import importlib, json, sys, time
 api = importlib.import_module(sys.argv[1])
@@ -114,10 +117,15 @@ print(json.dumps(out[1:]))
 
 
 def folder_for(name: str, setting: str) -> Path:
+    """The pulled folder when it was imported with ``setting``, else one imported beside it."""
     root = cache_root()
     gguf = root / ".gguf" / SOURCES[name].filename
-    if setting == "int4" and (root / name / "genai_config.json").is_file():
-        return root / name
+    pulled = root / name / "import.json"
+    if pulled.is_file():
+        report = json.loads(pulled.read_text(encoding="utf-8"))
+        want = {"quant": "int4", "accuracy_level": 4, **SETTINGS[setting]}
+        if all(report.get(k) == v for k, v in want.items()):
+            return root / name
     out = root / ".bench" / f"{name}-{setting}"
     if not (out / "genai_config.json").is_file():
         if not gguf.is_file():
@@ -157,13 +165,21 @@ def forced_top1(model: og.Model, ids: list[int], continuation: list[int]) -> lis
 
 
 def quality(args) -> int:
-    ref_model = og.Model(str(folder_for(args.model, "fp32")))
+    fp32 = folder_for(args.model, "fp32")
+    # fp32's greedy text, kept beside its folder: a later run compares other settings at once.
+    saved = fp32.parent / f"{fp32.name}-greedy-{args.new_tokens}.json"
+    ref_model = og.Model(str(fp32))
     prompts = [chat_ids(ref_model, p) for p in PROMPTS]
-    ref = [greedy(ref_model, ids, args.new_tokens) for ids in prompts]
+    kept = json.loads(saved.read_text()) if saved.is_file() else None
+    if kept is not None and kept["prompts"] == prompts:
+        ref = kept["greedy"]
+    else:
+        ref = [greedy(ref_model, ids, args.new_tokens) for ids in prompts]
+        saved.write_text(json.dumps({"prompts": prompts, "greedy": ref}))
     del ref_model
     print(f"{args.model}: top-1 agreement with the fp32 import over {args.new_tokens} tokens "
           f"x {len(PROMPTS)} prompts (teacher-forced on fp32's greedy text)")  # fmt: skip
-    for setting in ("int4-level0", "int4", "int8"):
+    for setting in args.settings or QUALITY_SETTINGS:
         model = og.Model(str(folder_for(args.model, setting)))
         agree = total = 0
         same_prefix = []
@@ -270,6 +286,9 @@ def run_side(side: str, args, folder: Path, gguf: Path, ids: list[int], threads:
     """One timed generation (after a warm-up) in a fresh process of its own."""
     if side == "llama.cpp":
         cmd = [args.llama_python, "-c", LLAMA_WORKER, str(gguf), json.dumps(ids)]
+    elif side.startswith("ours:"):  # --compare: our import with that setting
+        folder = folder_for(args.model, side.removeprefix("ours:"))
+        cmd = [sys.executable, "-c", GENAI_WORKER, "genai_runtime", str(folder), json.dumps(ids)]
     else:
         module = "genai_runtime" if side == "ours" else "onnxruntime_genai"
         cmd = [sys.executable, "-c", GENAI_WORKER, module, str(folder), json.dumps(ids)]
@@ -281,7 +300,45 @@ def run_side(side: str, args, folder: Path, gguf: Path, ids: list[int], threads:
     return json.loads(proc.stdout.strip().splitlines()[-1])[0]
 
 
+def compare(args) -> int:
+    """speed --compare A B ...: our imports with those settings, each run by genai_runtime in a
+    fresh process per round (order rotating); ratios to the first setting per round."""
+    gguf = cache_root() / ".gguf" / SOURCES[args.model].filename
+    folders = {s: folder_for(args.model, s) for s in args.compare}
+    ids = chat_ids(og.Model(str(folders[args.compare[0]])), PROMPTS[0] + " " + PROMPTS[1])
+    order = [f"ours:{s}" for s in args.compare]
+    base = order[0]
+    print(
+        f"{args.model}: our imports {', '.join(f'{s} ({f.name})' for s, f in folders.items())} "
+        f"run by genai_runtime; {len(ids)} prompt tokens, {args.new_tokens} new, greedy; each a "
+        "fresh process per round, order rotating"
+    )
+    for threads in args.threads:
+        runs: dict[str, list[dict]] = {side: [] for side in order}
+        for r in range(args.rounds):
+            for side in order[r % len(order) :] + order[: r % len(order)]:
+                runs[side].append(run_side(side, args, folders[args.compare[0]], gguf, ids,
+                                           threads))  # fmt: skip
+        for side in order[1:]:
+            for key in ("prefill", "decode"):
+                ratios = [o[key] / t[key] for o, t in zip(runs[side], runs[base])]
+                mine = statistics.median(s[key] for s in runs[side])
+                theirs = statistics.median(s[key] for s in runs[base])
+                print(
+                    f"{threads} thread(s) {key:7s}: {side[5:]} {mine:7.1f} tok/s, {base[5:]} "
+                    f"{theirs:7.1f} tok/s; ratio median {statistics.median(ratios):.2f} (min "
+                    f"{min(ratios):.2f}, max {max(ratios):.2f}) over {len(ratios)} rounds"
+                )
+        for side in order:
+            spread = [f"{s['prefill']:.1f}/{s['decode']:.1f}" for s in runs[side]]
+            print(f"{threads} thread(s) {side[5:]} prefill/decode tok/s per round: "
+                  f"{', '.join(spread)}")  # fmt: skip
+    return 0
+
+
 def speed(args) -> int:
+    if args.compare:
+        return compare(args)
     gguf = cache_root() / ".gguf" / SOURCES[args.model].filename
     folder = folder_for(args.model, "int4")
     ids = chat_ids(og.Model(str(folder)), PROMPTS[0] + " " + PROMPTS[1])
@@ -330,6 +387,12 @@ def main() -> int:
                     help="reference: our import compared (default fp32); ngram: the folder "
                          "(default int4, as pulled)")  # fmt: skip
     ap.add_argument("--llama-python", default=os.environ.get("GENAI_RUNTIME_LLAMA_PYTHON"))
+    ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS),
+                    help="quality: the settings compared with fp32 (default: "
+                         f"{' '.join(QUALITY_SETTINGS)})")  # fmt: skip
+    ap.add_argument("--compare", nargs="+", choices=sorted(SETTINGS), metavar="SETTING",
+                    help="speed: our imports with these settings against each other (ratios "
+                         "to the first), instead of onnxruntime-genai and llama.cpp")  # fmt: skip
     args = ap.parse_args()
     if args.new_tokens is None:
         args.new_tokens = {"quality": 256, "ngram": 128, "speed": 64, "reference": 64}[args.what]

@@ -60,6 +60,7 @@ class Config:
         self.root = Path(root) if root is not None else None
         self._overlays: list[dict[str, Any]] = []
         self._providers: list[ProviderSpec] | None = None
+        self._threads: int | None = None
         self._spec = self._load()
 
     def _load(self) -> PipelineSpec:
@@ -70,15 +71,27 @@ class Config:
 
     @property
     def spec(self) -> PipelineSpec:
-        if self._providers is None:
+        if self._providers is None and self._threads is None:
             return self._spec
+        changes: dict[str, Any] = {}
+        if self._providers is not None:
+            changes["providers"] = tuple(self._providers)
+        if self._threads is not None:
+            changes["intra_op_num_threads"] = self._threads
         sessions = {
-            name: dataclasses.replace(
-                s, options=dataclasses.replace(s.options, providers=tuple(self._providers))
-            )
+            name: dataclasses.replace(s, options=dataclasses.replace(s.options, **changes))
             for name, s in self._spec.sessions.items()
         }
         return dataclasses.replace(self._spec, sessions=frozen_map(sessions))
+
+    def set_threads(self, threads: int) -> None:
+        """Run every session's operators on ``threads`` onnxruntime threads (each session's
+        ``intra_op_num_threads``, over what the config says; ``--threads`` on the CLI)."""
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 256:
+            raise ConfigError(
+                [f"set_threads: expected an integer between 1 and 256, got {shown(threads)}"]
+            )
+        self._threads = threads
 
     def overlay(self, json_text: str) -> None:
         if not isinstance(json_text, str):

@@ -26,6 +26,7 @@ from .common import (
     SAMPLING_RULE,
     add_device_arg,
     add_search_args,
+    add_threads_arg,
     add_trust_arg,
     cli_search_options,
     load_model,
@@ -62,6 +63,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("model_dir", metavar="MODEL", help="model folder, config file or pulled name")
     add_trust_arg(p)
     add_device_arg(p)
+    add_threads_arg(p)
     p.add_argument("--system", metavar="TEXT", help="system message")
     p.add_argument(
         "--max-length",
@@ -80,7 +82,9 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
+    model, tokenizer = load_model(
+        args.model_dir, args.trust_remote_code, args.device, threads=args.threads
+    )
     if not tokenizer.has_chat_template:
         print(
             f"error: chat: {args.model_dir} has no chat template (a base model?); for plain "

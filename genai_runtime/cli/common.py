@@ -152,18 +152,35 @@ def add_device_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def model_config(path: str, device: str | None = None) -> Any:
-    """The folder's ``Config``, its providers replaced by ``device`` when one is given."""
+THREADS_HELP = (
+    "onnxruntime threads per session (intra-op; default: the config's "
+    "session_options.intra_op_num_threads, else onnxruntime's own, one per physical core)"
+)
+
+
+def add_threads_arg(p: argparse.ArgumentParser, help: str = THREADS_HELP) -> None:
+    p.add_argument("--threads", type=at_least(1, 256), metavar="N", help=help)
+
+
+def model_config(path: str, device: str | None = None, threads: int | None = None) -> Any:
+    """The folder's ``Config``, its providers replaced by ``device`` and every session's
+    intra-op threads set to ``threads`` when given."""
     from ..model import Config
 
     config = Config(path)
     if device:
         config.use_device(device)
+    if threads is not None:
+        config.set_threads(threads)
     return config
 
 
 def load_model(
-    model_dir: str, trust: bool = False, device: str | None = None, verify: bool = False
+    model_dir: str,
+    trust: bool = False,
+    device: str | None = None,
+    verify: bool = False,
+    threads: int | None = None,
 ) -> tuple[Any, Any]:
     """The model and its tokenizer, from a folder or the name of a pulled model.
 
@@ -179,5 +196,5 @@ def load_model(
         folder = path if path.is_dir() else path.parent
         for note in verify_folder(folder, full=verify, lenient=not verify):
             print(f"note: {note}", file=sys.stderr)
-    model = Model(model_config(str(path), device), trust_remote_code=trust)
+    model = Model(model_config(str(path), device, threads), trust_remote_code=trust)
     return model, Tokenizer(model)

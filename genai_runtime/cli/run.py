@@ -23,6 +23,7 @@ from .common import (
     SAMPLING_RULE,
     add_device_arg,
     add_search_args,
+    add_threads_arg,
     add_trust_arg,
     at_least,
     cli_search_options,
@@ -52,6 +53,7 @@ def add_parsers(sub: Any) -> None:
     )
     add_trust_arg(p)
     add_device_arg(p)
+    add_threads_arg(p)
     p.add_argument(
         "--verify",
         action="store_true",
@@ -96,6 +98,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("model_dir", metavar="MODEL_DIR")
     add_trust_arg(p)
     add_device_arg(p)
+    add_threads_arg(p)
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="prompt text")
     prompt.add_argument(
@@ -176,7 +179,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_chat(args)
     _extras_needed(args)
     model, tokenizer = load_model(
-        args.model_dir, args.trust_remote_code, args.device, verify=args.verify
+        args.model_dir,
+        args.trust_remote_code,
+        args.device,
+        verify=args.verify,
+        threads=args.threads,
     )
     if args.audio is not None and args.prompt is None:
         args.prompt = TRANSCRIBE_PROMPT
@@ -291,8 +298,24 @@ def _bench_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
     return ids[:want]
 
 
+def _weight_footprint(model: Any) -> dict[str, Any] | None:
+    """The decoder graph's weight bytes per decode step and bits per weight (``show`` prints
+    the same), when its file can be read (onnx, the gguf extra's, is installed)."""
+    decoder = model.spec.sessions.get("decoder")
+    if decoder is None or not decoder.file:
+        return None
+    try:
+        from ..importer.footprint import footprint
+
+        return footprint(Path(model.model_dir) / decoder.file).describe()
+    except Exception:  # no onnx, or a graph it cannot parse: bench times it all the same
+        return None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model(args.model_dir, args.trust_remote_code, args.device)
+    model, tokenizer = load_model(
+        args.model_dir, args.trust_remote_code, args.device, threads=args.threads
+    )
     ids = _bench_prompt(tokenizer, args)
     total = len(ids) + args.new_tokens
     timings: list[Timing] = []
@@ -315,6 +338,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "decode_tok_s": statistics.median(t.decode_tok_s or 0.0 for t in timings),
         "ttft_ms": statistics.median(t.ttft_ms for t in timings),
         "peak_rss_mib": peak_rss_mib(),
+        "weights": _weight_footprint(model),
         "kv_cache": None
         if cache is None
         else {
@@ -336,6 +360,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"  decode:              {result['decode_tok_s']:.1f} tok/s")
     print(f"  time to first token: {result['ttft_ms']:.1f} ms")
     print(f"  peak RSS:            {result['peak_rss_mib']:.1f} MiB")
+    weights = result["weights"]
+    if weights:
+        print(
+            f"  weights read/token: {weights['weight_bytes_per_token_mib']:.1f} MiB "
+            f"({weights['bits_per_weight']:.2f} bits per weight; the KV cache not counted)"
+        )
     kv = result["kv_cache"]
     if kv:
         print(

@@ -13,9 +13,11 @@ from .folder import ACCURACY_LEVELS, CACHE_LAYOUTS, DEFAULT_ACCURACY, DEFAULT_QU
 from .quantise import QUANTS
 
 _QUANT_HELP = (
-    "int4 (default): 4-bit MatMulNBits; a GGUF's own 4-bit blocks as they are, its 5-8-bit "
-    "ones as exact 8-bit blocks, float weights rounded to 4 bits (blocks of 32); int8: 8-bit "
-    "the same way; fp16 / fp32: every weight dequantised"
+    "int4: 4-bit MatMulNBits; a GGUF's own 4-bit blocks exactly (Q4_K with an fp32 offset "
+    "MatMul), its 5-8-bit ones as exact 8-bit blocks, float weights rounded to 4 bits (blocks "
+    "of 32); int4-lean: as int4, but Q4_K / Q4_1 re-rounded to 4-bit blocks with integer zero "
+    "points and Q6_K / Q5_K / Q5_1 to 8-bit blocks of 32 (fewer bytes per token, a small "
+    "error); int8: 8-bit as int4; fp16 / fp32: every weight dequantised; default: "
 )
 
 
@@ -68,7 +70,9 @@ def _add_manage_parsers(sub: Any) -> None:
 
 
 def _add_build_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quant", choices=tuple(QUANTS), default=DEFAULT_QUANT, help=_QUANT_HELP)
+    p.add_argument(
+        "--quant", choices=tuple(QUANTS), default=DEFAULT_QUANT, help=_QUANT_HELP + DEFAULT_QUANT
+    )
     p.add_argument(
         "--cache",
         choices=tuple(CACHE_LAYOUTS),

@@ -8,6 +8,10 @@ Per weight matrix (``Linear.plan``):
   ``int8`` 4-bit blocks are widened, still exact); otherwise symmetric round-to-nearest blocks of
   32 (``quantise.rtn_blocks``, what the reference builder writes). 8-bit MatMulNBits is fast only
   with int8 activations, so at accuracy level 0 exact 8-bit blocks are dequantised to fp32.
+- ``int4-lean``: as ``int4``, but blocks that MatMulNBits can hold exactly only with a float
+  offset (Q4_K, Q4_1) or with blocks of 16 (Q6_K) are re-rounded to its leaner forms
+  (``quantise.lean_blocks``): 4-bit with integer zero points (one MatMulNBits, no offset
+  MatMul), 8-bit blocks of 32. Fewer bytes a token reads, at a small, measured error.
 
 The token embedding is kept as the checkpoint has it when its blocks map (GatherBlockQuantized;
 a tied lm_head reads the same initializers). A float table is quantised like the other weights
@@ -25,7 +29,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint, SourceWeight
 from .graph import BuildReport, GraphBuilder
-from .quantise import QUANTS, RTN_BLOCK, rtn_blocks
+from .quantise import LEAN, QUANTS, RTN_BLOCK, lean_blocks, rtn_blocks
 from .weights import Blocks
 
 FAST_ACCURACY = 4  # MatMulNBits accuracy_level with int8 activations
@@ -46,8 +50,8 @@ class Linear:
     nbits: list[str] = field(default_factory=list)
     floats: list[str] = field(default_factory=list)
 
-    def plan(self, w: SourceWeight) -> tuple[Blocks | np.ndarray, str]:
-        """(Blocks or float array [out, in], how) for one weight."""
+    def plan(self, w: SourceWeight, head: bool = False) -> tuple[Blocks | np.ndarray, str]:
+        """(Blocks or float array [out, in], how) for one weight (``head``: the output head)."""
         bits = QUANTS[self.quant]
         if bits is None:
             dtype = np.float16 if self.quant == "fp16" else np.float32
@@ -56,11 +60,14 @@ class Linear:
             return w.fp32(), f"fp32 from {w.kind} (in_features not a multiple of {RTN_BLOCK})"
         native = w.native()
         if native is not None:
+            how = "exact"
+            if self.quant == LEAN:
+                native, how = lean_blocks(native, head)
             if native.bits == 8 and self.accuracy_level < FAST_ACCURACY:
                 return w.fp32(), f"fp32 from {w.kind} (exact; 8-bit blocks need accuracy level 4)"
             if bits == 8:
                 native = native.widened()
-            return native, f"int{native.bits} from {w.kind} (exact)"
+            return native, f"int{native.bits} from {w.kind} ({how})"
         return rtn_blocks(w.fp32(), bits), f"int{bits} RTN from {w.kind}"
 
     def _record(self, name: str, value: Blocks | np.ndarray, how: str) -> None:
@@ -74,7 +81,7 @@ class Linear:
         for name in names:
             if self.progress:
                 self.progress(name, self.total)
-            value, how = self.plan(self.ckpt.weight(name))
+            value, how = self.plan(self.ckpt.weight(name), head=onnx_name == "lm_head")
             self._record(name, value, how)
             key = (value.bits, value.block) if isinstance(value, Blocks) else value.dtype
             if groups and groups[-1][0] == key:
@@ -135,7 +142,10 @@ def embedding(linear: Linear) -> Table:
     else:
         native = w.native()
         if native is not None:
-            linear._record(name, native, f"int{native.bits} from {w.kind} (exact)")
+            how = "exact"
+            if linear.quant == LEAN:  # the tied head reads these blocks too
+                native, how = lean_blocks(native, head=linear.ckpt.hyper.tied_embeddings)
+            linear._record(name, native, f"int{native.bits} from {w.kind} ({how})")
             return Table("embed_tokens", blocks=native)
         if linear.ckpt.hyper.tied_embeddings:
             # One quantised table for the lookup and the head, as the reference builder shares it.

@@ -104,6 +104,7 @@ def describe(folder: Path) -> dict[str, Any]:
         "sliding_window": window.get("window_size") if window else None,
         "quantisation": CachedModel("", folder, 0, report).quant,
         "weights": report.get("weights"),
+        **_footprint(folder, config),
         "source": report.get("package") or report.get("source"),
         "chat_template": "yes" if template else "no",
         "run_defaults": defaults_in(
@@ -111,6 +112,21 @@ def describe(folder: Path) -> dict[str, Any]:
         ).describe(),
         "size_mib": round(folder_size(folder) / 2**20, 1),
     }
+
+
+def _footprint(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """Bits per weight and the weight bytes a decode step reads, from the decoder graph's
+    initializers (``footprint.py``); nothing when the graph cannot be read."""
+    from .footprint import footprint
+
+    name = config.get("model", {}).get("decoder", {}).get("filename", "model.onnx")
+    graph = folder / str(name)
+    if not graph.is_file():
+        return {}
+    try:
+        return footprint(graph).describe()
+    except Exception:  # a graph onnx cannot parse: show says what it can
+        return {}
 
 
 def cmd_list(args: Any) -> int:

@@ -373,6 +373,9 @@ def test_bench_json(smollm2_2layers_dir):
         assert isinstance(report[key], float) and report[key] > 0, key
     assert report["new_tokens"] == 8 and report["runs"] == 2
     assert report["prompt_tokens"] == 32
+    # The builder's int4 export: 4-bit codes and an fp32 scale per block of 32, no zero points.
+    weights = report["weights"]
+    assert weights["bits_per_weight"] == 5.0 and weights["weight_bytes_per_token_mib"] > 0
 
 
 def test_bench_text_with_prompt(capsys, smollm2_2layers_dir):
