@@ -221,6 +221,37 @@ def _stage(stage: Any, pipeline: LoadedPipeline) -> dict[str, Any]:
     }
 
 
+# Why the server's prompt cache (serve --prompt-cache-mb) cannot hold a kind's rows. It copies
+# keys/values out of and into the rows of the server's batched slots, which hold a share-buffer
+# cache as host arrays; every other kind runs in interleaved slots, one executor per request.
+_NO_ROW_COPY = (
+    "the server interleaves it, one executor per request, and executors offer no copy of their rows"
+)
+_PROMPT_CACHE_OBSTACLES = {
+    "concat": "each pass returns a new present tensor; " + _NO_ROW_COPY,
+    "static-scatter": "rows are scattered into a graph-sized buffer; " + _NO_ROW_COPY,
+    "graph-scattered": "the graph scatters rows at positions the runtime feeds; " + _NO_ROW_COPY,
+    "static-index-copy": "fixed-shape chunks write rows the runtime places; " + _NO_ROW_COPY,
+    "static-fifo": "the buffer slides and drops its oldest rows, so a position has no fixed row",
+    "sliding-window": "windowed layers evict rows inside the kernel, so a prefix is not all held",
+}
+
+
+def prompt_cache_note(kind: str | None, device: Device) -> str:
+    """Whether the server's prompt cache works for a KV cache ``kind`` on ``device``, and why
+    not."""
+    if kind is None:
+        return "no: no cache kind handles this layout"
+    if kind in _PROMPT_CACHE_OBSTACLES:
+        return f"no: {_PROMPT_CACHE_OBSTACLES[kind]}"
+    if not device.host:
+        return f"no: the rows live on {device}; the prompt cache copies rows held on the host"
+    return (
+        "yes, where the server batches the model (serve --prompt-cache-mb; not with LoRA "
+        "adapters or --interleave, which interleave requests)"
+    )
+
+
 def _kv(pipeline: LoadedPipeline) -> dict[str, Any] | None:
     layout = pipeline.plan.layout
     if layout is None:
@@ -260,6 +291,7 @@ def _kv(pipeline: LoadedPipeline) -> dict[str, Any] | None:
             )
     except GenaiRuntimeError as exc:  # the layout is real even when no cache kind handles it
         out["kind"], out["reason"] = None, str(exc)
+    out["prompt_cache"] = prompt_cache_note(out["kind"], device)
     return out
 
 
@@ -372,6 +404,8 @@ def format_report(report: Mapping[str, Any]) -> str:
             add(f"  device:    {kv['device_obstacle']}")
         if kv.get("cuda_graph"):
             add(f"  cuda graph: {kv['cuda_graph']}")
+        if kv.get("prompt_cache"):
+            add(f"  prompt cache (server): {kv['prompt_cache']}")
     return "\n".join(lines) + "\n"
 
 

@@ -104,6 +104,11 @@ def verify_folder(
     return [f"{folder}: {note} (edited since the import)" for note in notes]
 
 
+def recorded_hashes(folder: str | Path, report: str = REPORT_FILE) -> dict[str, str]:
+    """The sha256 the import recorded for each file of ``folder`` (empty: no record)."""
+    return {name: entry["sha256"] for name, entry in _record(Path(folder), report).items()}
+
+
 def _edited_settings(problem: str) -> bool:
     name, _, what = problem.partition(": ")
     return name.endswith(SETTINGS_SUFFIXES) and what not in ("missing", "not a file of this folder")

@@ -7,6 +7,8 @@ onnxruntime call. Both return float32 logits; tokens are picked the same way for
 
 A slot keeps its cache after its request ends, so a later prompt that starts with the same
 tokens (a system prompt, a chat that goes on) reuses that prefix instead of prefilling it again.
+Slots that can copy a row's keys/values out and in (``copy_obstacle`` is None) also serve the
+server's prompt cache (``batching.prompt_cache``), which outlives any one slot's contents.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..adapters import Adapters
-from ..errors import ModelError
+from ..errors import ModelError, UnsupportedError
 from ..model import Model
 from ..runtime.adapters import bind_adapter
 from ..runtime.executor import Executor
@@ -35,6 +37,11 @@ class InterleavedSlots:
     a request with another adapter (or none) gets a fresh executor, as tensors stay bound."""
 
     kind = "interleaved"
+    # Each slot's keys/values live in its executor's cache, which offers no copy of its rows.
+    copy_obstacle: str | None = (
+        "interleaved slots keep each request's keys/values in a per-slot executor whose cache "
+        "offers no copy of its rows"
+    )
 
     def __init__(
         self,
@@ -94,6 +101,12 @@ class InterleavedSlots:
     def release(self, slot: int) -> None:
         """Nothing to free: the executor (and its cache) stays for prefix reuse."""
 
+    def read_rows(self, slot: int, start: int, end: int) -> np.ndarray:
+        raise UnsupportedError(f"cannot copy keys/values out: {self.copy_obstacle}")
+
+    def write_rows(self, slot: int, start: int, rows: np.ndarray) -> None:
+        raise UnsupportedError(f"cannot copy keys/values in: {self.copy_obstacle}")
+
 
 class BatchedSlots:
     """Rows of one batched share-buffer cache ``[rows, H, capacity, D]`` per KV tensor.
@@ -149,6 +162,10 @@ class BatchedSlots:
         # On a device the rows' keys/values are device tensors, each batch's rows bound by
         # address; the host arrays below then hold only the per-step inputs.
         self._device = Device.of(session)
+        # On the host the rows are NumPy arrays this class owns: copied out and in by slicing.
+        self.copy_obstacle: str | None = None
+        if not self._device.host:
+            self.copy_obstacle = f"the keys/values live on {self._device}, not on the host"
         options = run_options(dict(stage.session.options.run_options))
         # Two bindings over the same session: a batch-1 prefill and the all-rows decode.
         self._prefill = BoundSession(stage.name, session, stage.io, options)
@@ -306,6 +323,39 @@ class BatchedSlots:
     def rewind(self, slot: int, length: int) -> None:
         """Keep only the row's first ``length`` tokens (later ones get overwritten)."""
         self._lengths[slot] = min(int(self._lengths[slot]), length)
+
+    @property
+    def row_shape(self) -> tuple[np.dtype, tuple[int, int, int]]:
+        """The dtype and ``(tensors, heads, head size)`` of what ``read_rows`` returns per
+        position: rows ``[tensors, heads, positions, head size]``."""
+        layout = self._layout
+        return np.dtype(layout.dtype), (len(self._names), layout.num_kv_heads, layout.head_size)
+
+    def read_rows(self, slot: int, start: int, end: int) -> np.ndarray:
+        """A copy of positions ``start:end`` of the slot's keys/values, every KV tensor stacked:
+        ``[tensors, heads, end - start, head size]``."""
+        if self.copy_obstacle is not None:
+            raise UnsupportedError(f"cannot copy keys/values out: {self.copy_obstacle}")
+        if not 0 <= start <= end <= int(self._lengths[slot]):
+            raise ModelError(f"rows {start}:{end} are not held by slot {slot}")
+        return np.stack([array[slot, :, start:end] for array in self._arrays])
+
+    def write_rows(self, slot: int, start: int, rows: np.ndarray) -> None:
+        """Put ``rows`` (as ``read_rows`` returns them) at positions ``start...`` of the slot,
+        which then holds ``start + rows.shape[2]`` tokens; it must hold ``start`` already."""
+        if self.copy_obstacle is not None:
+            raise UnsupportedError(f"cannot copy keys/values in: {self.copy_obstacle}")
+        dtype, (count, heads, size) = self.row_shape
+        if rows.dtype != dtype or rows.ndim != 4 or rows.shape[::3] != (count, size) or (
+                rows.shape[1] != heads):  # fmt: skip
+            raise ModelError(f"rows {rows.dtype}{list(rows.shape)} do not fit this model's cache")
+        if start > int(self._lengths[slot]):
+            raise ModelError(f"slot {slot} holds {int(self._lengths[slot])} tokens, not {start}")
+        end = start + rows.shape[2]
+        self._reserve(end)
+        for array, part in zip(self._arrays, rows):
+            array[slot, :, start:end] = part
+        self._lengths[slot] = end
 
     def release(self, slot: int) -> None:
         """The row keeps its keys/values (prefix reuse); its length is what it holds."""

@@ -6,9 +6,18 @@ import argparse
 import math
 from typing import Any
 
+from ..batching.prompt_cache import DEFAULT_MEMORY_MB
+from ..batching.prompt_files import DEFAULT_DISK_MB
 from ..extras import require_extra
 from ..server.access_log import LOG_LEVELS
-from .common import add_device_arg, at_least, model_path, positive_int
+from .common import (
+    THREADS_HELP,
+    add_device_arg,
+    add_threads_arg,
+    at_least,
+    model_path,
+    positive_int,
+)
 
 
 def add_parsers(sub: Any) -> None:
@@ -30,6 +39,14 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--timeout", type=_seconds, metavar="S",
                    help="per-request timeout (default 600)")  # fmt: skip
     p.add_argument("--interleave", action="store_true", help="no batched decode")
+    p.add_argument("--prompt-cache-mb", type=at_least(0), default=DEFAULT_MEMORY_MB, metavar="N",
+                   help="memory for prompt keys/values shared by every request (default "
+                   f"{DEFAULT_MEMORY_MB}; 0: off)")  # fmt: skip
+    p.add_argument("--prompt-cache-dir", metavar="DIR",
+                   help="keep the prompt cache in DIR too, across restarts")  # fmt: skip
+    p.add_argument("--prompt-cache-disk-mb", type=positive_int, default=DEFAULT_DISK_MB,
+                   metavar="N",
+                   help=f"disk for --prompt-cache-dir (default {DEFAULT_DISK_MB})")  # fmt: skip
     add_device_arg(p)
     p.add_argument(
         "--special-tokens-in-messages", action="store_true",
@@ -50,14 +67,13 @@ def add_parsers(sub: Any) -> None:
                    help="run as a Ray Serve deployment (needs the ray extra)")  # fmt: skip
     p.add_argument("--replicas", type=positive_int, metavar="N",
                    help="with --ray: replicas, one model each (default 1)")  # fmt: skip
-    p.add_argument("--threads", type=positive_int, metavar="N",
-                   help="with --ray: threads (and CPUs) per replica (default 1)")  # fmt: skip
+    add_threads_arg(p, THREADS_HELP + "; with --ray: threads (and CPUs) per replica, default 1")
     p.set_defaults(func=cmd_serve, check=_check)
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    if not args.ray and (args.replicas is not None or args.threads is not None):
-        return "serve: --replicas and --threads are for --ray"
+    if not args.ray and args.replicas is not None:
+        return "serve: --replicas is for --ray"
     if args.api_key is not None and not args.api_key.strip():
         return "serve: --api-key is blank (a key anyone can send); give a real key or none"
     names = [name for name, _ in args.adapter]
@@ -65,6 +81,11 @@ def _check(args: argparse.Namespace) -> str | None:
     if twice:
         return f"serve: --adapter names {', '.join(twice)} more than once (each name one file)"
     return None
+
+
+def _prompt_cache(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(prompt_cache_mb=args.prompt_cache_mb, prompt_cache_dir=args.prompt_cache_dir,
+                prompt_cache_disk_mb=args.prompt_cache_disk_mb)  # fmt: skip
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -79,7 +100,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
             batched=False if args.interleave else None,
             special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
-            adapters=dict(args.adapter),
+            adapters=dict(args.adapter), **_prompt_cache(args),
         )  # fmt: skip
         return 0
     require_extra("server", "serve")
@@ -91,7 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queued=args.max_queued, max_active=args.max_active, max_context=args.max_context,
         timeout=args.timeout, batched=False if args.interleave else None,
         special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
-        adapters=dict(args.adapter),
+        adapters=dict(args.adapter), **_prompt_cache(args), threads=args.threads,
     )  # fmt: skip
     return 0
 

@@ -2,7 +2,8 @@
 together.
 
 Each step the engine admits waiting requests into free slots (prefilling their prompts, reusing
-a slot's cached prefix when the prompt starts with it), then advances every active request by
+a slot's cached prefix when the prompt starts with it, or a longer one from the prompt cache
+that every request shares: ``batching.prompt_cache``), then advances every active request by
 one token: all rows in one onnxruntime call with ``BatchedSlots``, one after another with
 ``InterleavedSlots`` (the model work and the token choice are ``batching.core.DecodeCore``'s,
 shared with the 0.18 Engine API). A request cancelled by its client (or past its deadline) is
@@ -26,6 +27,8 @@ import numpy as np
 
 from ..adapters import Adapters
 from ..batching.core import DecodeCore, Row, TokenHistory, context_that_fits
+from ..batching.prompt_cache import BLOCK_TOKENS, DEFAULT_MEMORY_MB, Lease
+from ..batching.prompt_files import DEFAULT_DISK_MB, open_prompt_cache
 from ..batching.settings import RequestSettings
 from ..batching.stops import StopMatcher, pending_stop_prefix
 from ..decoding.picker import TokenPicker
@@ -61,7 +64,8 @@ class Job:
     generated: int = 0
     text: str = ""
     sent: int = 0  # characters of ``text`` already sent
-    reused: int = 0  # prompt tokens taken from a slot's cache
+    reused: int = 0  # prompt tokens taken from a slot's cache or the prompt cache
+    lease: Lease | None = None  # the prompt cache's blocks it started from
     stream: Any = None
     stops: StopMatcher | None = None
 
@@ -99,7 +103,14 @@ class ServerEngine:
         batched: bool | None = None,
         prefix_reuse: bool = True,
         adapters: Adapters | None = None,
+        prompt_cache_mb: int = DEFAULT_MEMORY_MB,
+        prompt_cache_dir: str | None = None,
+        prompt_cache_disk_mb: int = DEFAULT_DISK_MB,
+        prompt_cache_block: int = BLOCK_TOKENS,
     ):
+        """``prompt_cache_mb``: the prompt cache's memory budget (0: no prompt cache);
+        ``prompt_cache_dir``: where it is kept across restarts, within ``prompt_cache_disk_mb``;
+        ``prompt_cache_block``: tokens per cached block."""
         self.model = model
         self.adapters = adapters
         self.prefix_reuse = prefix_reuse
@@ -114,6 +125,10 @@ class ServerEngine:
             model, num_slots=max_active, context=self.context, batched=batched, adapters=adapters
         )
         self.slots = self.core.slots
+        self.prompt_cache, self.prompt_cache_note = open_prompt_cache(
+            model, self.slots, mb=prompt_cache_mb, folder=prompt_cache_dir,
+            disk_mb=prompt_cache_disk_mb, block=prompt_cache_block, max_tokens=self.context,
+        )  # fmt: skip
         self.stats = Stats()
         self.failed: str | None = None  # set if the engine thread dies
         self._waiting: deque[Job] = deque()
@@ -138,6 +153,8 @@ class ServerEngine:
             self._stop = True
             self._wake.notify()
         self._thread.join(timeout=10)
+        if self.prompt_cache is not None:
+            self.prompt_cache.close()  # queued disk writes finish first
 
     @property
     def alive(self) -> bool:
@@ -191,6 +208,35 @@ class ServerEngine:
         ``response_format``), through the same chain a Generator uses."""
         ops = sampling.ops(self.core.vocab_size or 0)
         return self.core.picker(sampling.generation(), grammar=grammar, request_ops=ops)
+
+    def prompt_cache_metrics(self) -> list[tuple[str, str, int]]:
+        """The prompt cache's counters and gauges for ``/metrics`` (none when it is off).
+        Read without a lock: each value is one int, possibly a step old."""
+        cache = self.prompt_cache
+        if cache is None:
+            return []
+        s = cache.stats
+        out = [
+            ("genai_prompt_cache_bytes", "gauge", cache.used),
+            ("genai_prompt_cache_budget_bytes", "gauge", cache.budget),
+            ("genai_prompt_cache_blocks", "gauge", len(cache)),
+            ("genai_prompt_cache_lookups_total", "counter", s.lookups),
+            ("genai_prompt_cache_hits_total", "counter", s.hits),
+            ("genai_prompt_cache_hit_tokens_total", "counter", s.hit_tokens),
+            ("genai_prompt_cache_evicted_blocks_total", "counter", s.evicted_blocks),
+            ("genai_prompt_cache_refused_blocks_total", "counter", s.refused_blocks),
+            ("genai_prompt_cache_loaded_blocks_total", "counter", s.loaded_blocks),
+        ]
+        files = cache.files
+        if files is not None:
+            f = files.stats
+            out += [
+                ("genai_prompt_cache_files_written_total", "counter", f.written),
+                ("genai_prompt_cache_files_loaded_total", "counter", f.loaded),
+                ("genai_prompt_cache_files_dropped_total", "counter", f.dropped),
+                ("genai_prompt_cache_files_removed_total", "counter", f.removed),
+            ]
+        return out
 
     def cancel(self, job: Job) -> None:
         job.cancelled = True
@@ -286,6 +332,7 @@ class ServerEngine:
                     return
                 job = self._waiting.popleft()
             slot, common = self._pick_slot(free, job.prompt, job.adapter)
+            common = self._from_cache(job, slot, common)
             job.reused = common
             rng = make_rng(-1 if job.sampling.seed is None else job.sampling.seed % 2**63)
             job.row = Row(
@@ -308,6 +355,36 @@ class ServerEngine:
                 continue
             self.stats.prompt_tokens += len(job.prompt)
             self.stats.reused_tokens += common
+            self._offer(job, slot)
+
+    def _reuses(self, job: Job) -> bool:
+        return self.prompt_cache is not None and self.prefix_reuse and job.adapter is None
+
+    def _from_cache(self, job: Job, slot: int, common: int) -> int:
+        """How many prompt tokens the slot holds once the prompt cache's longest prefix (if
+        longer than ``common``, what the slot holds already) is copied in. At least two
+        tokens are left to prefill, as ``_pick_slot`` leaves them."""
+        if not self._reuses(job):
+            return common
+        cache = self.prompt_cache
+        job.lease = lease = cache.lookup(job.prompt, len(job.prompt) - 2)
+        if lease.length <= common:
+            return common
+        try:
+            self.slots.write_rows(slot, common, lease.rows(common, lease.length))
+        except Exception:  # the cache is an optimisation: the prompt is prefilled instead
+            log.exception("prompt cache: rows could not be copied into slot %d", slot)
+            return 0
+        return lease.length
+
+    def _offer(self, job: Job, slot: int) -> None:
+        """Give the prompt cache the rows of a prompt just prefilled."""
+        if not self._reuses(job):
+            return
+        try:
+            self.prompt_cache.offer(job.prompt, lambda a, b: self.slots.read_rows(slot, a, b))
+        except Exception:
+            log.exception("prompt cache: a prompt's rows could not be kept")
 
     def _pick_slot(
         self, free: list[int], prompt: np.ndarray, adapter: str | None = None
@@ -389,6 +466,9 @@ class ServerEngine:
         # benchmarks/server_prefix_parity.py). A follow-up prefills the reply again instead.
         self._held[job.slot] = job.prompt
         self.slots.release(job.slot)
+        if job.lease is not None:
+            self.prompt_cache.release(job.lease)
+            job.lease = None
 
     def _count(self, outcome: str) -> None:
         self.stats.requests[outcome] = self.stats.requests.get(outcome, 0) + 1

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..batching.prompt_cache import DEFAULT_MEMORY_MB
+from ..batching.prompt_files import DEFAULT_DISK_MB
 from ..config.pulled import pulled_folder
 from ..errors import GenaiRuntimeError
 from .access_log import configure_logging, remove_logging
@@ -64,9 +66,11 @@ def build_engine(
     model_dir: str | Path,
     device: str | None = None,
     adapters: Mapping[str, str] | None = None,
+    threads: int | None = None,
     **engine_options,
 ):
-    """Load a model folder (and its LoRA ``adapters``) and start an engine over it. A folder an
+    """Load a model folder (and its LoRA ``adapters``) and start an engine over it, its
+    sessions on ``threads`` intra-op threads each when given (``serve --threads``). A folder an
     import wrote is checked against its recorded hashes first, as ``run`` checks it."""
     from ..folder_hashes import verify_folder
     from ..model import Config, Model
@@ -77,6 +81,8 @@ def build_engine(
     config = Config(str(model_dir))
     if device:
         config.use_device(device)
+    if threads is not None:
+        config.set_threads(threads)
     return engine_over(Model(config), adapters, **engine_options)
 
 
@@ -113,9 +119,11 @@ class ServerHandle:
         port: int = 8000,
         insecure: bool = False,
         log_level: str = "warning",
+        threads: int | None = None,
         **options: Any,
     ):
-        """``options``: ``ServeOptions``' fields."""
+        """``options``: ``ServeOptions``' fields; ``threads``: the sessions' intra-op threads
+        (default: the config's, else onnxruntime's own)."""
         try:
             import uvicorn
         except ImportError as exc:
@@ -158,8 +166,8 @@ class ServerHandle:
         self.loaded = threading.Event()
         self.load_failure: Exception | None = None
         threading.Thread(
-            target=self._load, args=(model_dir, opts.engine_options()), name="genai-load",
-            daemon=True,
+            target=self._load, args=(model_dir, {**opts.engine_options(), "threads": threads}),
+            name="genai-load", daemon=True,
         ).start()  # fmt: skip
         config = uvicorn.Config(
             create_app(self.state),
@@ -173,7 +181,9 @@ class ServerHandle:
     def _load(self, model_dir: str, engine_options: dict) -> None:
         try:
             self.state.engine = build_engine(model_dir, **engine_options)
-            log.info("model loaded (%s decode)", self.state.engine.slots.kind)
+            engine = self.state.engine
+            log.info("model loaded (%s decode; prompt cache: %s)", engine.slots.kind,
+                     engine.prompt_cache_note)  # fmt: skip
         except Exception as exc:
             self.load_failure = exc
             self.state.load_error = f"the model could not be loaded: {exc}"
@@ -252,11 +262,16 @@ class ServeOptions:
     special_tokens_in_messages: bool = False
     device: str | None = None
     adapters: Mapping[str, str] | None = None
+    prompt_cache_mb: int = DEFAULT_MEMORY_MB  # 0: no prompt cache
+    prompt_cache_dir: str | None = None
+    prompt_cache_disk_mb: int = DEFAULT_DISK_MB
 
     def __post_init__(self) -> None:
         check_limits(
             max_queued=self.max_queued, max_active=self.max_active, max_context=self.max_context,
             max_body=self.max_body, timeout=self.timeout, read_timeout=self.read_timeout,
+            prompt_cache_disk_mb=self.prompt_cache_disk_mb,
+            prompt_cache_mb=self.prompt_cache_mb or None,  # 0 is allowed: no prompt cache
         )  # fmt: skip
         check_adapter_names(self.adapters)
 
@@ -270,6 +285,9 @@ class ServeOptions:
             prefix_reuse=self.prefix_reuse,
             device=self.device,
             adapters=dict(self.adapters or {}),
+            prompt_cache_mb=self.prompt_cache_mb,
+            prompt_cache_dir=self.prompt_cache_dir,
+            prompt_cache_disk_mb=self.prompt_cache_disk_mb,
         )
 
     def state(self, folder_name: str, **more: Any) -> ServerState:
@@ -297,5 +315,5 @@ def check_limits(**limits: float | None) -> None:
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or value <= 0:
             raise GenaiRuntimeError(f"{name} must be a positive number, got {value!r}")
-        if name.startswith("max_") and not isinstance(value, int):
+        if (name.startswith("max_") or name.endswith("_mb")) and not isinstance(value, int):
             raise GenaiRuntimeError(f"{name} must be a positive integer, got {value!r}")

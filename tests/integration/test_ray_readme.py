@@ -67,7 +67,7 @@ def test_build_deployment_checks_its_options(smollm2_dir):
 def test_serve_ray_refusals_come_before_ray_starts(smollm2_dir, capsys):
     smollm2_dir = str(smollm2_dir)
     assert cli_main(["serve", smollm2_dir, "--replicas", "2"]) == 2  # a usage error
-    assert "--replicas and --threads are for --ray" in capsys.readouterr().err
+    assert "--replicas is for --ray" in capsys.readouterr().err
     assert cli_main(["serve", smollm2_dir, "--ray", "--host", "0.0.0.0"]) == 1
     assert "without an API key" in capsys.readouterr().err
     assert cli_main(["serve", smollm2_dir + "-missing", "--ray"]) == 1
