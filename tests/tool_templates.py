@@ -73,6 +73,16 @@ NO_SYSTEM = (
 )
 
 
+# A Qwen3-style thinking template: thinking on opens a <think> block in the generation prompt;
+# enable_thinking false closes an empty one, as Qwen3's does.
+THINKING = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}"
+)
+
+
 def model_with_template(source: Path, folder: Path, template: str) -> Path:
     """A copy of the model folder ``source`` whose chat template is ``template`` (files are
     copied: onnx refuses external data files with several hard links)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import require_shared
-from tool_templates import model_with_template
+from tool_templates import THINKING, model_with_template
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
@@ -17,12 +17,6 @@ pytest.importorskip("uvicorn")
 from genai_runtime.server import ServerHandle  # noqa: E402
 from genai_runtime.server.reasoning import ThinkSplitter  # noqa: E402
 
-THINKING = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}"
-)
 ASK = [{"role": "user", "content": "What is two plus two?"}]
 
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import require_shared
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tool_templates import model_with_template
+from tool_templates import THINKING, model_with_template
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
@@ -32,12 +32,6 @@ from genai_runtime.server import ServerHandle  # noqa: E402
 from genai_runtime.server.think_gate import ThinkGate  # noqa: E402
 
 SMALL = "smollm2-135m-instruct-int4-2layers"
-THINKING = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}"
-)
 ASK = [{"role": "user", "content": "What is two plus two?"}]
 CLOSE = ["</", "think", ">"]
 ANSWER = {

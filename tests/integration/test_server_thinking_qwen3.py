@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tool_templates import THINKING
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
@@ -23,12 +24,6 @@ import json  # noqa: E402
 from genai_runtime.importer import import_model  # noqa: E402
 from genai_runtime.server import ServerHandle  # noqa: E402
 
-THINKING = (
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor -%}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}"
-)
 ASK = [{"role": "user", "content": "the theory of the thing"}]
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 ANSWER = {
