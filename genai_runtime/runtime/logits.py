@@ -26,8 +26,8 @@ class LogitsBuffer:
         self._views: dict[str, np.ndarray] = {}
         self.last: np.ndarray | None = None  # the host view the last pass wrote
         self._device_out: dict[str, ort.OrtValue] = {}  # stage -> its one-row device tensor
-        self._argmax: dict[str, tuple] = {}  # stage -> (logits, binding, ids) on its device
-        self._top_k: dict[str, tuple] = {}  # stage -> (logits, k, binding, values, ids)
+        # (stage, "argmax" | "top_k") -> the choice graph bound to that stage's logits tensor
+        self._choosers: dict[tuple[str, str], tuple] = {}
 
     def bind(self, stage: BoundStage, n: int) -> None:
         """Bind ``stage``'s logits output for a pass over ``n`` tokens (``n`` = 1 also for a
@@ -118,22 +118,7 @@ class LogitsBuffer:
 
     def argmax(self, stage: BoundStage, last_index: np.ndarray) -> np.ndarray:
         """int32 ``[B]``: each row's greedy token, chosen on the device (only ids come back)."""
-        value, columns = self._row_columns(stage, last_index)
-        device = stage.bound.device
-        held = self._argmax.get(stage.plan.name)
-        if held is None or held[0] is not value:  # bound once to a decode step's logits
-            shape = value.shape()
-            session = argmax_session(device, value.data_type(), len(shape))
-            binding = session.io_binding()
-            binding.bind_ortvalue_input("logits", value)
-            ids = device.empty(tuple(shape[:-1]), np.int64)
-            binding.bind_ortvalue_output("ids", ids)
-            held = self._argmax[stage.plan.name] = (value, session, binding, ids)
-        _, session, binding, ids = held
-        census.run(session.run_with_iobinding, binding)
-        chosen = device.download(ids)
-        if columns is not None:
-            chosen = chosen[np.arange(self.batch_size), columns]
+        (chosen,) = self._choose(stage, last_index, "argmax", 0)
         return chosen.reshape(self.batch_size).astype(np.int32)
 
     def top_k(
@@ -141,25 +126,41 @@ class LogitsBuffer:
     ) -> tuple[np.ndarray, np.ndarray]:
         """float32 and int64 ``[B, k]``: each row's ``k`` highest logits, highest first (equal
         values: lower id first), and their ids, taken on the device (only they come back)."""
+        top, chosen = self._choose(stage, last_index, "top_k", k)
+        return top.reshape(self.batch_size, k), chosen.reshape(self.batch_size, k)
+
+    def _choose(
+        self, stage: BoundStage, last_index: np.ndarray, kind: str, k: int
+    ) -> list[np.ndarray]:
+        """Run the ``kind`` graph (ArgMax, or TopK of ``k``) over the last pass's logits on
+        their device and bring back its outputs, one row per sequence. Its binding is made once
+        per logits tensor (a decode step's stays the same) and kept."""
         value, columns = self._row_columns(stage, last_index)
         device = stage.bound.device
-        held = self._top_k.get(stage.plan.name)
-        if held is None or held[0] is not value or held[1] != k:  # bound once per logits tensor
+        key = (stage.plan.name, kind)
+        held = self._choosers.get(key)
+        if held is None or held[0] is not value or held[1] != k:
             shape = value.shape()
-            session = top_k_session(device, value.data_type(), len(shape))
+            binding_k = np.array([k], np.int64)  # kept alive with the binding that reads it
+            if kind == "argmax":
+                session = argmax_session(device, value.data_type(), len(shape))
+                outputs = {"ids": (tuple(shape[:-1]), np.int64)}
+            else:
+                session = top_k_session(device, value.data_type(), len(shape))
+                rows_k = (*shape[:-1], k)
+                outputs = {"values": (rows_k, np.float32), "ids": (rows_k, np.int64)}
             binding = session.io_binding()
             binding.bind_ortvalue_input("logits", value)
-            want = np.array([k], np.int64)  # kept alive with the binding that reads it
-            binding.bind_cpu_input("k", want)
-            out = (*shape[:-1], k)
-            values, ids = device.empty(out, np.float32), device.empty(out, np.int64)
-            binding.bind_ortvalue_output("values", values)
-            binding.bind_ortvalue_output("ids", ids)
-            held = self._top_k[stage.plan.name] = (value, k, session, binding, values, ids, want)
-        _, _, session, binding, values, ids, _ = held
+            if kind == "top_k":
+                binding.bind_cpu_input("k", binding_k)
+            tensors = [device.empty(out, dtype) for out, dtype in outputs.values()]
+            for name, tensor in zip(outputs, tensors):
+                binding.bind_ortvalue_output(name, tensor)
+            held = self._choosers[key] = (value, k, session, binding, tensors, binding_k)
+        _, _, session, binding, tensors, _ = held
         census.run(session.run_with_iobinding, binding)
-        top, chosen = device.download(values), device.download(ids)
+        results = [device.download(t) for t in tensors]
         if columns is not None:
             rows = np.arange(self.batch_size)
-            top, chosen = top[rows, columns], chosen[rows, columns]
-        return top.reshape(self.batch_size, k), chosen.reshape(self.batch_size, k)
+            results = [r[rows, columns] for r in results]
+        return results
