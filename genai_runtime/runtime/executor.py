@@ -25,7 +25,7 @@ from ..kv import KVCache, KVPlan, make_cache
 from ..kv.cross import CrossCache
 from ..session.device import HOST, Device
 from ..session.graph_io import LAST_POSITION_SWITCH
-from ..session.positions import PositionState
+from ..session.positions import PositionState, encoder_source
 from ..spec import TokensSpec
 from .cuda_graphs import CudaGraphs
 from .fixed_pass import FixedShapePass, Source
@@ -340,15 +340,8 @@ class Executor:
     def _source_ids(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The encoder's ids: each row's real tokens, then EOS, right-padded; and its mask."""
         real = self.positions.last_index + 1 if self.batch_size > 1 else [tokens.shape[1]]
-        width = tokens.shape[1] + 1
         pad = self._pad if self._pad is not None else self._source_eos
-        ids = np.full((self.batch_size, width), pad, np.int64)
-        mask = np.zeros((self.batch_size, width), np.int64)
-        for row, count in enumerate(real):
-            ids[row, :count] = tokens[row, :count]
-            ids[row, count] = self._source_eos
-            mask[row, : count + 1] = 1
-        return ids, mask
+        return encoder_source(tokens, real, tokens.shape[1] + 1, pad, self._source_eos)
 
     def finish(self) -> None:
         """Run the final-phase stages once for the current sequence (no-op if already run)."""

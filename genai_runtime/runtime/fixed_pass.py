@@ -22,7 +22,7 @@ from ..errors import GenerationError, ModelError
 from ..kv import KVCache
 from ..kv.cross import CrossCache
 from ..kv.fixed_shape import ChunkShape
-from ..session.positions import PositionState
+from ..session.positions import PositionState, encoder_source
 from .logits import LogitsBuffer
 from .stage import BoundStage
 
@@ -196,12 +196,7 @@ class FixedShapePass:
                     f"encoder's fixed source length of {width}"
                 )
             pad = src.pad if src.pad is not None else src.eos
-            ids = np.full((self.batch_size, width), pad, np.int64)
-            mask = np.zeros((self.batch_size, width), np.int64)
-            for row, count in enumerate(real):
-                ids[row, :count] = tokens[row, :count]
-                ids[row, count] = src.eos
-                mask[row, : count + 1] = 1
+            ids, mask = encoder_source(tokens, real, width, pad, src.eos)
             self._source_mask = mask
             arrays = {"input_ids": ids, "attention_mask": mask}
             for feed in stage.role_feeds:

@@ -152,3 +152,18 @@ class PositionState:
         out = self._pos_out[: self.batch_size * n].reshape(self.batch_size, n)
         out[...] = self._pos[:, start : self.length]
         return out
+
+
+def encoder_source(
+    tokens: np.ndarray, counts, width: int, pad: int, eos: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """A text encoder's ids and mask ``[B, width]`` (onnxruntime-genai's encoder-decoder rule):
+    each row's first ``counts[b]`` tokens, then EOS, right-padded with ``pad``."""
+    batch = tokens.shape[0]
+    ids = np.full((batch, width), pad, np.int64)
+    mask = np.zeros((batch, width), np.int64)
+    for row, count in enumerate(counts):
+        ids[row, :count] = tokens[row, :count]
+        ids[row, count] = eos
+        mask[row, : count + 1] = 1
+    return ids, mask
