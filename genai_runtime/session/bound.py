@@ -94,9 +94,8 @@ class BoundSession:
         nothing is allocated per pass) and the input is bound to its leading elements by
         address: an input that grows every step (an attention mask) keeps its true shape, which
         kernels read (attention splits its work by the mask's width)."""
-        view = array.reshape(-1)[: int(np.prod(shape))].reshape(shape)
         if not self.device.copies_inputs:
-            self.feed(name, view)
+            self.feed(name, array.reshape(-1)[: int(np.prod(shape))].reshape(shape))
             return
         value = self._staged_value(name, array)
         self._same[name] = array
