@@ -253,7 +253,8 @@ class ServerEngine:
                         self._wake.wait()
                     if self._stop:
                         break
-                self._run_calls()
+                if self._calls:  # (a decode step takes no lock for none)
+                    self._run_calls()
                 self._step()
         except BaseException as exc:  # keep serving 503s rather than hang every request
             self.failed = f"{type(exc).__name__}: {exc}"
