@@ -61,6 +61,7 @@ class Config:
         self._overlays: list[dict[str, Any]] = []
         self._providers: list[ProviderSpec] | None = None
         self._threads: int | None = None
+        self._entries: dict[str, str] = {}
         self._spec = self._load()
 
     def _load(self) -> PipelineSpec:
@@ -71,15 +72,20 @@ class Config:
 
     @property
     def spec(self) -> PipelineSpec:
-        if self._providers is None and self._threads is None:
+        if self._providers is None and self._threads is None and not self._entries:
             return self._spec
         changes: dict[str, Any] = {}
         if self._providers is not None:
             changes["providers"] = tuple(self._providers)
         if self._threads is not None:
             changes["intra_op_num_threads"] = self._threads
+
+        def options(s: Any) -> Any:
+            entries = {**s.options.config_entries, **self._entries}
+            return dataclasses.replace(s.options, config_entries=frozen_map(entries), **changes)
+
         sessions = {
-            name: dataclasses.replace(s, options=dataclasses.replace(s.options, **changes))
+            name: dataclasses.replace(s, options=options(s))
             for name, s in self._spec.sessions.items()
         }
         return dataclasses.replace(self._spec, sessions=frozen_map(sessions))
@@ -92,6 +98,14 @@ class Config:
                 [f"set_threads: expected an integer between 1 and 256, got {shown(threads)}"]
             )
         self._threads = threads
+
+    def set_session_config_entry(self, key: str, value: str) -> None:
+        """An onnxruntime session config entry for every session, over what the config says
+        (a server that speculates stops each session's threads spinning after a run, as its
+        verify session takes turns with the decoder)."""
+        if not isinstance(key, str) or not isinstance(value, str) or not key:
+            raise ConfigError([f"set_session_config_entry: expected two strings, got {shown(key)}"])
+        self._entries[key] = value
 
     def overlay(self, json_text: str) -> None:
         if not isinstance(json_text, str):

@@ -11,8 +11,9 @@ token-choice path), EOS ids from the model.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -25,10 +26,12 @@ from ..decoding.stopping import StopPolicy, StopReason, StopRule
 from ..model import Model
 from ..spec import GenerationSpec
 from .slots import BatchedSlots, InterleavedSlots
+from .speculation import Probe, RowDrafts, SpeculationStats, WidthCosts, choose_width
 
 log = logging.getLogger("genai_runtime.batching")
 
 _NO_HISTORY = np.zeros((1, 0), np.int64)
+_NO_DRAFTS = np.zeros(0, np.int64)
 # The context the batch runner gives a model when its caller names none.
 DEFAULT_MAX_CONTEXT = 2048
 KV_MEMORY_SHARE = 0.5  # of the memory available at start, the most full-length KV rows may take
@@ -120,6 +123,13 @@ class Row:
     adapter: str | None = None  # a LoRA adapter of the core's, by name (interleaved slots only)
     processed: int = 0  # leading tokens whose keys/values the slot holds
     logits: np.ndarray | None = None  # next-token logits, once the slot holds every token
+    limit: int | None = None  # the most tokens the row may reach (prompt + budget)
+    speculator: RowDrafts | None = None  # its lookup drafts, when the core speculates
+    # a verify pass's drafts not yet checked, and the logits after each of them
+    drafts: np.ndarray = field(default_factory=lambda: _NO_DRAFTS)
+    ahead: np.ndarray | None = None
+    round: tuple[int, int, bool] | None = None  # (drafts verified, their bucket, a probe)
+    kept: int = 0  # drafts of this round kept so far
 
     @property
     def pending(self) -> int:
@@ -141,6 +151,9 @@ class DecodeCore:
     batched call runs every row with the same tensors). ``min_rows`` is the fewest rows a
     batched decode call runs when the caller names no span (the server: 2, see ``BatchedSlots``).
     ``stop_policy``: what the engine does with the stop rule's answers (``stops``).
+    ``speculate``: the most prompt-lookup drafts a row verifies per pass (0: none;
+    ``batching.speculation``); needs batched slots on the host, which then load a second,
+    per-row verify session.
     """
 
     def __init__(
@@ -153,6 +166,7 @@ class DecodeCore:
         min_rows: int = 2,
         adapters: Adapters | None = None,
         stop_policy: StopPolicy | None = None,
+        speculate: int = 0,
     ):
         self.model = model
         self.context = context
@@ -165,10 +179,28 @@ class DecodeCore:
         elif batched and why is not None:
             log.warning("batched decode unavailable (%s); interleaving requests", why)
             batched = False
+        self.speculate = speculate
+        self.speculation_note = "off" if speculate <= 0 else ""
         if batched:
-            self.slots = BatchedSlots(model, num_slots, context, min_rows=min_rows)
+            self.slots = BatchedSlots(
+                model, num_slots, context, min_rows=min_rows, verify=speculate > 0
+            )
+            if speculate > 0 and self.slots.verify_obstacle is not None:
+                self.speculation_note = f"off: {self.slots.verify_obstacle}"
         else:
+            if speculate > 0:
+                self.speculation_note = f"off: requests are interleaved ({why})"
             self.slots = InterleavedSlots(model, num_slots, context, adapters, min_rows=min_rows)
+        if self.speculation_note:
+            if speculate > 0:
+                log.warning("speculation %s", self.speculation_note)
+            self.speculate = 0
+        else:
+            self.speculation_note = f"prompt lookup, up to {speculate} drafts per row"
+        self.speculation = SpeculationStats()
+        self._costs = WidthCosts()
+        self._probe = Probe()
+        self._probing = False
         self.vocab_size = model.vocab_size
         self.stops = StopRule(model.spec.tokens.eos, self.vocab_size or 0, stop_policy)
         self.eos = self.stops.eos
@@ -195,6 +227,8 @@ class DecodeCore:
         """Put ``row`` in ``slot``, whose first ``row.processed`` tokens it may reuse."""
         row.slot = slot
         row.logits = None
+        if self.speculate and row.speculator is None:
+            row.speculator = RowDrafts(self.speculate)
         self.slots.rewind(slot, row.processed)
 
     def advance(self, rows: list[Row], span: range | None = None) -> None:
@@ -209,12 +243,85 @@ class DecodeCore:
                 row.processed = len(row.history)
             elif row.pending == 1:
                 single.append(row)
-        if single:
+        if not single:
+            return
+        width, proposals = self._width(single) if self.speculate else (1, {})
+        slots = [row.slot for row in single]
+        started = time.perf_counter()
+        if width == 1:  # the decoder's own session: a verify pass costs more per row
             tokens = np.array([row.history[-1] for row in single], np.int64)
-            logits = self.slots.decode([row.slot for row in single], tokens, span)
+            logits = self.slots.decode(slots, tokens, span)
             for row, values in zip(single, logits):
                 row.logits = values
                 row.processed += 1
+        else:
+            feeds = []
+            for row in single:
+                drafts, _ = proposals.get(id(row), (_NO_DRAFTS, 0))
+                feeds.append(np.concatenate([[row.history[-1]], drafts[: width - 1]]))
+            scored = self.slots.verify(slots, feeds, span)
+            for row, feed, rows in zip(single, feeds, scored):
+                row.logits, row.ahead, row.drafts = rows[0], rows[1:], feed[1:]
+                row.processed += 1
+                row.kept = 0
+                if row.drafts.size:
+                    bucket = proposals[id(row)][1]
+                    row.round = (int(row.drafts.size), bucket, self._probing)
+        if self.speculate:
+            self._costs.timed(len(single), width, time.perf_counter() - started)
+            if width == 1:
+                self.speculation.plain_steps += 1
+            else:
+                self.speculation.passes += 1
+
+    def _width(self, rows: list[Row]) -> tuple[int, dict[int, tuple[np.ndarray, int]]]:
+        """The next pass's tokens per row and each drafting row's (drafts, bucket), by id."""
+        proposals: dict[int, tuple[np.ndarray, int]] = {}
+        for row in rows:
+            if row.speculator is None or row.picker.grammar is not None:
+                continue
+            limit = self.context if row.limit is None else min(row.limit, self.context)
+            most = min(self.speculate, limit - len(row.history) - 1)
+            drafts, bucket = row.speculator.propose(row.history.array(), most)
+            if drafts.size:
+                proposals[id(row)] = (drafts, bucket)
+        self._probing = False
+        if not proposals:
+            return 1, proposals
+        offers = [(row.speculator, *proposals[id(row)]) for row in rows if id(row) in proposals]
+        offers = [(drafts, tokens.size, bucket) for drafts, tokens, bucket in offers]
+        width = choose_width(offers, len(rows), self._costs, self.speculate)
+        if width == 1 and self._probe.due():
+            width, self._probing = 2, True
+            self.speculation.probes += 1
+        return width, proposals
+
+    def follow(self, row: Row) -> bool:
+        """After a chosen token joined ``row``'s history: when it is the next draft the verify
+        pass scored, the row's logits become those after it and True is returned (choose
+        again); otherwise the round ends (``settle``) and False is returned."""
+        if row.ahead is not None and row.drafts.size and row.history[-1] == int(row.drafts[0]):
+            row.processed += 1
+            row.logits, row.ahead, row.drafts = row.ahead[0], row.ahead[1:], row.drafts[1:]
+            row.kept += 1
+            return True
+        self.settle(row)
+        return False
+
+    def settle(self, row: Row) -> None:
+        """End the row's verify round: unchecked drafts leave its slot, the rates learn how
+        many were kept."""
+        if row.round is not None:
+            proposed, bucket, probe = row.round
+            row.speculator.kept(row.kept, proposed, bucket)
+            self.speculation.proposed += proposed
+            self.speculation.accepted += row.kept
+            if probe:
+                self._probe.result(row.kept)
+            row.round = None
+        if row.ahead is not None:
+            row.ahead, row.drafts = None, _NO_DRAFTS
+            self.slots.rewind(row.slot, row.processed)
 
     def choose(self, row: Row, *, keep_logits: bool = False) -> Choice:
         """The row's next token from its logits (consumed) through its picker, committed to the

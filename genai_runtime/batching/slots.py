@@ -13,6 +13,8 @@ server's prompt cache (``batching.prompt_cache``), which outlives any one slot's
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 
@@ -22,9 +24,10 @@ from ..model import Model
 from ..runtime.adapters import bind_adapter
 from ..runtime.executor import Executor
 from ..runtime.sessions import run_options
+from ..runtime.verify_rows import verify_session
 from ..session.bound import BoundSession
 from ..session.device import Device
-from ..session.graph_io import LAST_POSITION_SWITCH, takes_last_position_switch
+from ..session.graph_io import LAST_POSITION_SWITCH, SessionIO, takes_last_position_switch
 
 GROWTH_TOKENS = 256
 _LAST_ONLY = np.array(True)  # bound once to the prefill binding, never written
@@ -141,7 +144,17 @@ class BatchedSlots:
             return "the decoder's logits or vocabulary size are unknown"
         return None
 
-    def __init__(self, model: Model, num_slots: int, max_length: int, *, min_rows: int = 2):
+    def __init__(
+        self,
+        model: Model,
+        num_slots: int,
+        max_length: int,
+        *,
+        min_rows: int = 2,
+        verify: bool = False,
+    ):
+        """``verify``: also load the per-row verify session (``runtime.verify_rows``: a second
+        copy of the weights) so ``verify`` can score drafted tokens."""
         why = self.supports(model)
         if why is not None:
             raise ModelError(f"batched decode is not available: {why}")
@@ -177,6 +190,17 @@ class BatchedSlots:
         if self._last_only:
             self._prefill.bind_array(LAST_POSITION_SWITCH, _LAST_ONLY)
         self._decode_rows = (0, 0)
+        # Verification passes (several tokens per row) run a per-row rewrite of the graph,
+        # bound per (rows, width); its buffers are kept per width.
+        self._verify: BoundSession | None = None
+        self._verify_rows = (0, 0, 0)
+        self._wide: dict[int, tuple[np.ndarray, np.ndarray | None, np.ndarray, list]] = {}
+        if verify and self._device.host and self._logits_rank == 3:
+            model_dir = model.spec.model_dir or Path(".")
+            session_spec = model.spec.sessions[stage.name]
+            rows, _ = verify_session(session_spec, model_dir / session_spec.file, model_dir)
+            self._verify = BoundSession(stage.name, rows, SessionIO.of(rows, session_spec.file,
+                                        str(model_dir / session_spec.file)), options)  # fmt: skip
         # onnxruntime's int4 MatMulNBits kernels take another path (other rounding) for a single
         # row; from two rows on, each row's result is the same at any batch. The server never
         # runs fewer than two rows, so a request's tokens do not depend on whether it ran alone;
@@ -209,7 +233,8 @@ class BatchedSlots:
             raise ModelError(f"{needed} tokens exceed the server's context {self.max_length}")
         capacity = min(self.max_length, -(-needed // GROWTH_TOKENS) * GROWTH_TOKENS)
         shape = self._layout.shape(self.num_slots, capacity)
-        self._decode_rows = (0, 0)  # the decode binding must point at the new buffers
+        self._decode_rows = (0, 0)  # the decode bindings must point at the new buffers
+        self._verify_rows = (0, 0, 0)
         if not self._device.host:
             if self._values:  # positions held first; the rest is never read before written
                 index = np.zeros(capacity, np.int64)
@@ -302,6 +327,86 @@ class BatchedSlots:
         b.run()
         self._lengths[slots] += 1
         return self._logits[slots].astype(np.float32)
+
+    @property
+    def verify_obstacle(self) -> str | None:
+        """None when ``verify`` can score several tokens per row in one pass, else why not."""
+        if not self._device.host:
+            return f"verification passes run on the host; the keys/values live on {self._device}"
+        if self._logits_rank != 3:
+            return "the decoder's logits give the last position only"
+        if self._verify is None:
+            return "the slots were made without a verify session"
+        return None
+
+    def verify(
+        self, slots: list[int], feeds: list[np.ndarray], rows: range | None = None
+    ) -> list[np.ndarray]:
+        """Several tokens per listed slot in one call over the contiguous ``rows`` (as
+        ``decode``): slot ``slots[i]`` runs ``feeds[i]`` (one token or more) after what it
+        holds. Every row is padded to the widest feed with throwaway tokens written past its
+        own; unlisted rows run throwaway tokens only. Returns each slot's logits after each of
+        its tokens, ``[len(feeds[i]), V]``; the slot then holds its whole feed (the caller
+        rewinds what it rejects)."""
+        obstacle = self.verify_obstacle
+        if obstacle is not None:
+            raise UnsupportedError(f"cannot verify drafts: {obstacle}")
+        width = max(int(f.size) for f in feeds)
+        if rows is None:
+            rows = range(0, max(max(slots) + 1, self._min_rows))
+        lo, hi = rows.start, rows.stop
+        if not (0 <= lo <= min(slots) and max(slots) < hi <= self.num_slots):
+            raise ModelError(f"verify rows {rows} do not cover slots {slots}")
+        n = hi - lo
+        lengths = self._lengths[lo:hi]
+        self._reserve(int(lengths.max()) + width)
+        ids, pos, logits, new_rows = self._wide_buffers(width)
+        ids[lo:hi] = 0
+        for slot, feed in zip(slots, feeds):
+            ids[slot, : feed.size] = feed
+        total = int(lengths.max()) + width
+        mask = self._mask[: n * total].reshape(n, total)
+        np.less(np.arange(total)[None, :], lengths[:, None] + width, out=mask, casting="unsafe")
+        b = self._verify
+        b.feed(self._ids_feed.name, ids[lo:hi])
+        b.feed(self._mask_feed.name, mask)
+        if pos is not None:
+            np.add(lengths[:, None], np.arange(width), out=pos[lo:hi], casting="unsafe")
+            b.feed(self._pos_feed.name, pos[lo:hi])
+        if self._verify_rows != (lo, hi, width):
+            for (past, present), array, new in zip(self._names, self._arrays, new_rows):
+                b.bind_array(past, array[lo:hi])
+                b.bind_output_array(present, new[lo:hi])
+            b.bind_output_array(self._logits_name, logits[lo:hi])
+            self._verify_rows = (lo, hi, width)
+        b.run()
+        out = []
+        for slot, feed in zip(slots, feeds):
+            start, end = int(self._lengths[slot]), int(self._lengths[slot]) + feed.size
+            for array, new in zip(self._arrays, new_rows):
+                array[slot, :, start:end] = new[slot, :, : feed.size]
+            self._lengths[slot] = end
+            out.append(logits[slot, : feed.size].astype(np.float32))
+        return out
+
+    def _wide_buffers(self, width: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, list]:
+        """Ids, positions, logits ``[slots, width(, V)]`` and each KV tensor's new rows
+        ``[slots, heads, width, head size]`` for verification passes of ``width`` tokens, made
+        once per width."""
+        if width not in self._wide:
+            rows = self.num_slots
+            pos = None
+            if self._pos_feed is not None:
+                pos = np.zeros((rows, width), self._pos_feed.info.dtype)
+            layout = self._layout
+            shape = (rows, layout.num_kv_heads, width, layout.head_size)
+            self._wide[width] = (
+                np.zeros((rows, width), self._ids_feed.info.dtype),
+                pos,
+                np.empty((rows, width, self._vocab), self._logits_dtype),
+                [np.empty(shape, layout.dtype) for _ in self._names],
+            )
+        return self._wide[width]
 
     def _decode_on_device(self, b: BoundSession, slots: list[int], lo: int, hi: int) -> np.ndarray:
         if self._decode_rows != (lo, hi):

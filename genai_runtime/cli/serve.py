@@ -8,6 +8,7 @@ from typing import Any
 
 from ..batching.prompt_cache import DEFAULT_MEMORY_MB
 from ..batching.prompt_files import DEFAULT_DISK_MB
+from ..batching.speculation import MAX_DRAFTS
 from ..extras import require_extra
 from ..server.access_log import LOG_LEVELS
 from .common import (
@@ -47,6 +48,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--prompt-cache-disk-mb", type=positive_int, default=DEFAULT_DISK_MB,
                    metavar="N",
                    help=f"disk for --prompt-cache-dir (default {DEFAULT_DISK_MB})")  # fmt: skip
+    p.add_argument("--speculate", type=at_least(0, MAX_DRAFTS), default=0, metavar="N",
+                   help="prompt-lookup speculation: verify up to N drafted tokens per request "
+                   "per pass, batched (0: off, the default; on costs a second copy of the "
+                   "weights in memory)")  # fmt: skip
     add_device_arg(p)
     p.add_argument(
         "--special-tokens-in-messages", action="store_true",
@@ -83,9 +88,11 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _prompt_cache(args: argparse.Namespace) -> dict[str, Any]:
+def _engine_extras(args: argparse.Namespace) -> dict[str, Any]:
+    """The prompt cache's and speculation's options."""
     return dict(prompt_cache_mb=args.prompt_cache_mb, prompt_cache_dir=args.prompt_cache_dir,
-                prompt_cache_disk_mb=args.prompt_cache_disk_mb)  # fmt: skip
+                prompt_cache_disk_mb=args.prompt_cache_disk_mb,
+                speculate=args.speculate)  # fmt: skip
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -100,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_active=args.max_active, max_context=args.max_context, timeout=args.timeout,
             batched=False if args.interleave else None,
             special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
-            adapters=dict(args.adapter), **_prompt_cache(args),
+            adapters=dict(args.adapter), **_engine_extras(args),
         )  # fmt: skip
         return 0
     require_extra("server", "serve")
@@ -112,7 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queued=args.max_queued, max_active=args.max_active, max_context=args.max_context,
         timeout=args.timeout, batched=False if args.interleave else None,
         special_tokens_in_messages=args.special_tokens_in_messages, device=args.device,
-        adapters=dict(args.adapter), **_prompt_cache(args), threads=args.threads,
+        adapters=dict(args.adapter), **_engine_extras(args), threads=args.threads,
     )  # fmt: skip
     return 0
 

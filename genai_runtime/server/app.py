@@ -625,6 +625,6 @@ def _metrics(state: ServerState) -> str:
         metric("genai_decode_steps_total", "counter", stats.steps)
         metric("genai_time_to_first_token_seconds_sum", "counter", round(stats.ttft_sum, 6))
         metric("genai_time_to_first_token_seconds_count", "counter", stats.ttft_count)
-        for name, kind, value in eng.prompt_cache_metrics():
+        for name, kind, value in [*eng.prompt_cache_metrics(), *eng.speculation_metrics()]:
             metric(name, kind, value)
     return "\n".join(lines) + "\n"

@@ -107,10 +107,12 @@ class ServerEngine:
         prompt_cache_dir: str | None = None,
         prompt_cache_disk_mb: int = DEFAULT_DISK_MB,
         prompt_cache_block: int = BLOCK_TOKENS,
+        speculate: int = 0,
     ):
         """``prompt_cache_mb``: the prompt cache's memory budget (0: no prompt cache);
         ``prompt_cache_dir``: where it is kept across restarts, within ``prompt_cache_disk_mb``;
-        ``prompt_cache_block``: tokens per cached block."""
+        ``prompt_cache_block``: tokens per cached block; ``speculate``: the most prompt-lookup
+        drafts each row verifies per pass (0: none, ``batching.speculation``)."""
         self.model = model
         self.adapters = adapters
         self.prefix_reuse = prefix_reuse
@@ -122,8 +124,9 @@ class ServerEngine:
             self.context = min(model.spec.generation.max_length, max_context)
             self.context_source = "--max-context"
         self.core = DecodeCore(
-            model, num_slots=max_active, context=self.context, batched=batched, adapters=adapters
-        )
+            model, num_slots=max_active, context=self.context, batched=batched,
+            adapters=adapters, speculate=speculate,
+        )  # fmt: skip
         self.slots = self.core.slots
         self.prompt_cache, self.prompt_cache_note = open_prompt_cache(
             model, self.slots, mb=prompt_cache_mb, folder=prompt_cache_dir,
@@ -238,6 +241,19 @@ class ServerEngine:
             ]
         return out
 
+    def speculation_metrics(self) -> list[tuple[str, str, float]]:
+        """Speculation's counters for ``/metrics`` (none when it is off)."""
+        if not self.core.speculate:
+            return []
+        s = self.core.speculation
+        return [
+            ("genai_speculative_passes_total", "counter", s.passes),
+            ("genai_speculative_plain_steps_total", "counter", s.plain_steps),
+            ("genai_speculative_draft_tokens_total", "counter", s.proposed),
+            ("genai_speculative_accepted_tokens_total", "counter", s.accepted),
+            ("genai_speculative_probes_total", "counter", s.probes),
+        ]
+
     def cancel(self, job: Job) -> None:
         job.cancelled = True
         with self._wake:
@@ -337,8 +353,9 @@ class ServerEngine:
             job.reused = common
             rng = make_rng(-1 if job.sampling.seed is None else job.sampling.seed % 2**63)
             job.row = Row(
-                TokenHistory(job.prompt), job.picker, rng, adapter=job.adapter, processed=common
-            )
+                TokenHistory(job.prompt), job.picker, rng, adapter=job.adapter, processed=common,
+                limit=len(job.prompt) + job.max_tokens,
+            )  # fmt: skip
             self.core.place(job.row, slot)
             job.stream = self.tokenizer.create_stream()
             job.stops = StopMatcher(job.sampling.stop)
@@ -408,6 +425,13 @@ class ServerEngine:
         return best, max(best_common, 0)
 
     def _choose(self, job: Job) -> None:
+        """The job's next token, and those after it while a verify pass scored them (its
+        drafts matched)."""
+        while self._choose_one(job) and self.core.follow(job.row):
+            pass
+
+    def _choose_one(self, job: Job) -> bool:
+        """One token for the job; False when the reply ended with it."""
         s = job.sampling
         # with logprobs, the reply reports the model's own distribution, never a grammar's mask
         token, complete, logits = self.core.choose(job.row, keep_logits=s.logprobs)
@@ -426,10 +450,12 @@ class ServerEngine:
             entries.append(self._logprob(job, logits, token))
         if reason is not None:
             self._flush(job, job.text, entries)
-            return self._done(job, reason.openai)
+            self._done(job, reason.openai)
+            return False
         # Hold back a tail that could still grow into a stop string.
         hold = pending_stop_prefix(job.text, s.stop)
         self._flush(job, job.text[: len(job.text) - hold], entries)
+        return True
 
     def _add_text(self, job: Job, token: int) -> bool:
         """Add the token's text to the reply; True when it completes a stop string (the reply
@@ -466,6 +492,8 @@ class ServerEngine:
         # make a follow-up turn's greedy text differ from a fresh server's (6/20 conversations,
         # benchmarks/server_prefix_parity.py). A follow-up prefills the reply again instead.
         self._held[job.slot] = job.prompt
+        if job.row is not None:
+            self.core.settle(job.row)
         self.slots.release(job.slot)
         if job.lease is not None:
             self.prompt_cache.release(job.lease)

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..batching.prompt_cache import DEFAULT_MEMORY_MB
 from ..batching.prompt_files import DEFAULT_DISK_MB
+from ..batching.speculation import MAX_DRAFTS
 from ..config.pulled import pulled_folder
 from ..errors import GenaiRuntimeError
+from ..runtime.sessions import STOP_SPINNING
 from .access_log import configure_logging, remove_logging
 
 if TYPE_CHECKING:
@@ -83,6 +85,8 @@ def build_engine(
         config.use_device(device)
     if threads is not None:
         config.set_threads(threads)
+    if engine_options.get("speculate"):  # the decoder and its verify session take turns
+        config.set_session_config_entry(STOP_SPINNING, "1")
     return engine_over(Model(config), adapters, **engine_options)
 
 
@@ -265,8 +269,15 @@ class ServeOptions:
     prompt_cache_mb: int = DEFAULT_MEMORY_MB  # 0: no prompt cache
     prompt_cache_dir: str | None = None
     prompt_cache_disk_mb: int = DEFAULT_DISK_MB
+    speculate: int = 0  # prompt-lookup drafts per request per pass (0: none)
 
     def __post_init__(self) -> None:
+        speculate = self.speculate
+        if isinstance(speculate, bool) or not isinstance(speculate, int) or not (
+                0 <= speculate <= MAX_DRAFTS):  # fmt: skip
+            raise GenaiRuntimeError(
+                f"speculate must be an integer from 0 to {MAX_DRAFTS}, got {speculate!r}"
+            )
         check_limits(
             max_queued=self.max_queued, max_active=self.max_active, max_context=self.max_context,
             max_body=self.max_body, timeout=self.timeout, read_timeout=self.read_timeout,
@@ -288,6 +299,7 @@ class ServeOptions:
             prompt_cache_mb=self.prompt_cache_mb,
             prompt_cache_dir=self.prompt_cache_dir,
             prompt_cache_disk_mb=self.prompt_cache_disk_mb,
+            speculate=self.speculate,
         )
 
     def state(self, folder_name: str, **more: Any) -> ServerState:

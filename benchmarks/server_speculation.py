@@ -1,0 +1,158 @@
+"""Prompt-lookup speculation inside the batched server: N concurrent requests, with and without.
+
+    python benchmarks/server_speculation.py MODEL_DIR [--drafts 8] [--tokens 128] [--rounds 3]
+        [--threads 2] [--fp32-compute]
+
+Two sets of 4 concurrent greedy chat requests, each answered by a server started with
+``speculate=0`` and one with ``speculate=--drafts`` (one in-process server at a time, on
+127.0.0.1; the two alternate within each round so machine load hits them alike):
+
+- grounded: the reply copies or edits a text given in the prompt (``speculative.py``'s
+  prompts), where lookup drafts match;
+- open: questions whose replies share little with the prompt, where drafts rarely match.
+
+Per set it prints the aggregate decode tokens/s (every request's tokens after its first, over
+the time from the first request's first token to the last request's end), each request's own
+decode tokens/s, their medians over rounds, the ratios speculation / plain, whether every reply's
+tokens are identical, and the server's acceptance counters. ``--fp32-compute`` runs int4 weights
+with fp32 activations (the level where a wider pass rounds like a one-token step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+import urllib.request
+
+from speculative import GROUNDED
+
+from genai_runtime.server import ServerHandle
+
+OPEN = [
+    "Write a haiku about the sea.",
+    "List three uses of copper and say why each works.",
+    "Explain what a hash table is in one paragraph.",
+    "Give two arguments for and two against remote work.",
+]
+FP32_COMPUTE = "mlas.qnbit.force_fp32"
+
+
+def stream(url: str, model: str, prompt: str, tokens: int, out: dict) -> None:
+    """One streamed greedy chat request; records its first-token and end times and tokens."""
+    body = {
+        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+        "logprobs": True,
+    }  # fmt: skip
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    ids: list[int] = []
+    with urllib.request.urlopen(request, timeout=600) as reply:
+        for raw in reply:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices", []):
+                for entry in (choice.get("logprobs") or {}).get("content") or []:
+                    if not ids:
+                        out["first"] = time.perf_counter()
+                    ids.append(entry["token"])
+            if chunk.get("usage"):
+                out["tokens"] = chunk["usage"]["completion_tokens"]
+    out["end"] = time.perf_counter()
+    out["ids"] = ids
+
+
+def batch(url: str, model: str, prompts: list[str], tokens: int) -> list[dict]:
+    outs: list[dict] = [{} for _ in prompts]
+    threads = [
+        threading.Thread(target=stream, args=(url, model, p, tokens, o))
+        for p, o in zip(prompts, outs)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outs
+
+
+def rates(outs: list[dict]) -> tuple[float, list[float]]:
+    """Aggregate decode tok/s and each request's own."""
+    start = min(o["first"] for o in outs)
+    end = max(o["end"] for o in outs)
+    total = sum(o["tokens"] - 1 for o in outs)
+    own = [(o["tokens"] - 1) / max(o["end"] - o["first"], 1e-9) for o in outs]
+    return total / (end - start), own
+
+
+def metrics(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("genai_speculative_"):
+            name, value = line.split()
+            out[name] = float(value)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("--drafts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--fp32-compute", action="store_true")
+    args = ap.parse_args()
+    sets = {"grounded": GROUNDED[:4], "open": OPEN}
+    results: dict[tuple[str, int], list] = {}
+    replies: dict[tuple[str, int], list] = {}
+    counters = {}
+    for r in range(args.rounds):
+        for drafts in (0, args.drafts) if r % 2 == 0 else (args.drafts, 0):
+            handle = ServerHandle(
+                args.model_dir, port=0, threads=args.threads, speculate=drafts,
+                prompt_cache_mb=0, prefix_reuse=False,
+            )  # fmt: skip
+            handle.start(timeout=600)
+            try:
+                url, model = handle.url, handle.state.served_name
+                batch(url, model, ["Say hello."] * 4, 8)  # warm the kernels for every width
+                for name, prompts in sets.items():
+                    outs = batch(url, model, prompts, args.tokens)
+                    results.setdefault((name, drafts), []).append(rates(outs))
+                    replies.setdefault((name, drafts), []).append([o["ids"] for o in outs])
+                if drafts:
+                    counters = metrics(url)
+            finally:
+                handle.stop()
+    print(f"model {args.model_dir}, {args.threads} threads, {args.tokens} tokens, "
+          f"{args.rounds} rounds, up to {args.drafts} drafts")  # fmt: skip
+    for name in sets:
+        plain = results[(name, 0)]
+        spec = results[(name, args.drafts)]
+        agg_plain = statistics.median(a for a, _ in plain)
+        agg_spec = statistics.median(a for a, _ in spec)
+        own_plain = [statistics.median(o[i] for _, o in plain) for i in range(4)]
+        own_spec = [statistics.median(o[i] for _, o in spec) for i in range(4)]
+        same = all(
+            a == b for x, y in zip(replies[(name, 0)], replies[(name, args.drafts)])
+            for a, b in zip(x, y)
+        )  # fmt: skip
+        print(f"{name}: aggregate {agg_plain:.1f} -> {agg_spec:.1f} tok/s "
+              f"({agg_spec / agg_plain:.2f}x); per request "
+              + ", ".join(f"{s / p:.2f}x" for p, s in zip(own_plain, own_spec))
+              + f"; tokens identical: {same}")  # fmt: skip
+    print("counters (last speculating server):", counters)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Prompt-lookup speculation across the rows of a batched decode.
+
+Each step, every row that may draft looks its last tokens up in its own context (n-gram prompt
+lookup, ``speculative.proposers.ngram``); the batch then runs one pass of ``width`` tokens per
+row (``BatchedSlots.verify``): each row's last token and up to ``width - 1`` of its drafts. The
+engine picks each row's tokens from those rows one at a time with the row's own picker and keeps
+going while its pick equals the next draft, so greedy, sampled and penalised rows get exactly
+the tokens a plain step would give them (up to the rounding of a wider pass).
+
+A pass of several tokens per row costs more than a one-token step, and every row pays for the
+widest: ``choose_width`` weighs each row's expected kept tokens (from its recent acceptance
+rate, per matched n-gram size) against the measured cost of each width at this row count, and
+runs plain steps when no width beats them. When no row has drafted for a while, a two-token
+probe lets the rates recover; a probe that keeps nothing doubles the wait (4 to 64 steps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..speculative.adaptive import AdaptiveK
+from ..speculative.proposers.ngram import NgramProposer
+
+MAX_DRAFTS = 32  # the most drafts per row per pass a server may be asked for
+_PRIOR_EXTRA = 0.4  # cost of each extra token per row, as a share of a one-token step
+_FIRST_WAIT, _LONGEST_WAIT = 4, 64
+
+
+class RowDrafts:
+    """One row's lookup proposer and its acceptance rates (per matched n)."""
+
+    def __init__(self, max_drafts: int):
+        self.proposer = NgramProposer(3, 2)
+        self.rates = AdaptiveK(max_drafts, 1)
+
+    def propose(self, context: np.ndarray, most: int) -> tuple[np.ndarray, int]:
+        """Up to ``most`` drafts after ``context`` and the n they matched on (0: none)."""
+        if most <= 0:
+            return np.zeros(0, np.int64), 0
+        proposal = self.proposer.propose(context, most)
+        return proposal.tokens.astype(np.int64), proposal.bucket
+
+    def kept(self, accepted: int, proposed: int, bucket: int) -> None:
+        self.rates.update(accepted, proposed, bucket)
+
+    def expected(self, drafts: int, bucket: int) -> float:
+        """Tokens a row yields from a pass verifying ``drafts`` of its drafts (the geometric
+        sum of its acceptance rate for ``bucket``)."""
+        rate = self.rates.rate(bucket)
+        return float(sum(rate**i for i in range(drafts + 1)))
+
+
+@dataclass
+class SpeculationStats:
+    passes: int = 0  # verify passes (width > 1)
+    plain_steps: int = 0
+    proposed: int = 0  # drafts verified
+    accepted: int = 0  # drafts kept
+    probes: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        rate = self.accepted / self.proposed if self.proposed else 0.0
+        return {**self.__dict__, "acceptance_rate": rate}
+
+
+@dataclass
+class WidthCosts:
+    """Seconds per pass by (rows, width), as moving averages; a width not yet timed is
+    estimated from the per-token extra cost seen so far."""
+
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def timed(self, rows: int, width: int, seconds: float) -> None:
+        key = (rows, width)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
+
+    def ratio(self, rows: int, width: int) -> float:
+        """A pass of ``width`` tokens per row over a one-token step, at ``rows`` rows."""
+        if width == 1:
+            return 1.0
+        plain = self.seconds.get((rows, 1))
+        wide = self.seconds.get((rows, width))
+        if plain and wide:
+            return wide / plain
+        extras = [
+            (t / self.seconds[(n, 1)] - 1.0) / (w - 1)
+            for (n, w), t in self.seconds.items()
+            if w > 1 and (n, 1) in self.seconds
+        ]
+        extra = float(np.mean(extras)) if extras else _PRIOR_EXTRA
+        return 1.0 + max(extra, 0.0) * (width - 1)
+
+
+def choose_width(
+    proposals: list[tuple[RowDrafts, int, int]], rows: int, costs: WidthCosts, most: int
+) -> int:
+    """The tokens per row of the next pass: the width whose expected kept tokens over all rows,
+    per unit of cost, beats a plain step by the most (1: a plain step). ``proposals``: per
+    drafting row, (its drafts, how many it has, their bucket); ``rows``: rows in the pass."""
+    best, best_gain = 1, float(rows)
+    for width in range(2, most + 2):
+        tokens = rows - len(proposals)  # rows with no drafts yield one token
+        tokens += sum(d.expected(min(n, width - 1), b) for d, n, b in proposals)
+        gain = tokens / costs.ratio(rows, width)
+        if gain > best_gain * 1.02:  # a margin against noise in the timings
+            best, best_gain = width, gain
+    return best
+
+
+class Probe:
+    """When plain steps win while rows have drafts, a two-token pass now and then keeps their
+    acceptance rates current."""
+
+    def __init__(self) -> None:
+        self.wait = _FIRST_WAIT
+        self.skipped = 0
+
+    def due(self) -> bool:
+        self.skipped += 1
+        if self.skipped < self.wait:
+            return False
+        self.skipped = 0
+        return True
+
+    def result(self, accepted: int) -> None:
+        self.wait = _FIRST_WAIT if accepted else min(2 * self.wait, _LONGEST_WAIT)

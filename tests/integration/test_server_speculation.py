@@ -1,0 +1,165 @@
+"""Prompt-lookup speculation inside the batched server, against real models.
+
+Exactness is checked on an fp32 folder imported from a tiny GGUF: greedy and seeded sampled
+replies are identical token for token with speculation on and off, while drafts were verified
+and kept (the tiny random model repeats itself, so lookups match); their logprobs agree to
+fp32 rounding (attention over several new tokens sums in another order than over one). The
+per-row verify graph is checked against one-token steps on the shared int4 folder (whose int8
+activations round a wider pass differently: there the chosen tokens agree, the logits within a
+bound).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from conftest import require_shared
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("onnx")
+
+import genai_runtime as og
+from genai_runtime.batching.slots import BatchedSlots
+from genai_runtime.batching.speculation import RowDrafts, WidthCosts, choose_width
+from genai_runtime.errors import GenaiRuntimeError
+from genai_runtime.server import ServeOptions, ServerHandle
+
+PROMPTS = [
+    "one two three one two three one two three",
+    "Copy: the cat sat on the mat, the cat sat on the mat",
+    "a b c d e f g a b c d e f g",
+    "Repeat after me: hello world hello world",
+]
+
+
+@pytest.fixture(scope="module")
+def fp32_folder(tmp_path_factory) -> Path:
+    gguf_models = pytest.importorskip("gguf_models", reason="needs the gguf extra")
+    from genai_runtime.importer import import_gguf
+
+    base = tmp_path_factory.mktemp("speculation-fp32")
+    gguf = gguf_models.write_tiny_gguf(
+        base / "tiny.gguf", qtype=gguf_models.Q.Q8_0, dims={"ctx": 1024}
+    )
+    return import_gguf(gguf, base / "model", quant="fp32", accuracy_level=0).out_dir
+
+
+def _together(handle: ServerHandle, bodies: list[dict]) -> list[dict]:
+    """The requests sent at once (so they decode in one batch), their replies in order."""
+    replies: list[dict] = [{} for _ in bodies]
+
+    def send(i: int) -> None:
+        body = {"model": handle.state.served_name, **bodies[i]}
+        replies[i] = httpx.post(handle.url + "/v1/chat/completions", json=body, timeout=300).json()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return replies
+
+
+def _answers(replies: list[dict]) -> list[tuple]:
+    out = []
+    for reply in replies:
+        choice = reply["choices"][0]
+        logprobs = [(c["token"], c["logprob"]) for c in choice["logprobs"]["content"]]
+        out.append((choice["message"]["content"], logprobs, choice["finish_reason"]))
+    return out
+
+
+def _metrics(handle: ServerHandle) -> dict[str, float]:
+    text = httpx.get(handle.url + "/metrics", timeout=30).text
+    pairs = (line.split() for line in text.splitlines() if line.startswith("genai_speculative"))
+    return {name: float(value) for name, value in pairs}
+
+
+def _bodies(**sampling) -> list[dict]:
+    return [
+        {"messages": [{"role": "user", "content": p}], "max_tokens": 40, "logprobs": True,
+         **sampling}
+        for p in PROMPTS
+    ]  # fmt: skip
+
+
+def _serve(folder: Path, speculate: int) -> ServerHandle:
+    return ServerHandle(str(folder), port=0, max_active=4, speculate=speculate,
+                        prompt_cache_mb=0, prefix_reuse=False).start()  # fmt: skip
+
+
+def test_speculation_keeps_greedy_and_seeded_replies_exact(fp32_folder: Path) -> None:
+    greedy = _bodies(temperature=0)
+    sampled = [{**b, "temperature": 0.9, "top_p": 0.95, "seed": 7 + i}
+               for i, b in enumerate(_bodies())]  # fmt: skip
+    handle = _serve(fp32_folder, 0)
+    try:
+        plain = _answers(_together(handle, greedy)), _answers(_together(handle, sampled))
+        assert _metrics(handle) == {}  # off: no speculation counters
+    finally:
+        handle.stop()
+    handle = _serve(fp32_folder, 6)
+    try:
+        spec = _answers(_together(handle, greedy)), _answers(_together(handle, sampled))
+        counters = _metrics(handle)
+    finally:
+        handle.stop()
+    for ours, theirs in zip(spec[0] + spec[1], plain[0] + plain[1]):
+        assert ours[0] == theirs[0]  # the text
+        assert [t for t, _ in ours[1]] == [t for t, _ in theirs[1]]  # token by token
+        # a pass of several tokens sums attention in another order: fp32 rounding, no more
+        np.testing.assert_allclose([p for _, p in ours[1]], [p for _, p in theirs[1]], atol=1e-4)
+    assert [a[2] for a in spec[0]] == [a[2] for a in plain[0]]
+    assert counters["genai_speculative_passes_total"] > 0
+    assert counters["genai_speculative_accepted_tokens_total"] > 0
+    assert (counters["genai_speculative_accepted_tokens_total"]
+            <= counters["genai_speculative_draft_tokens_total"])  # fmt: skip
+
+
+def test_verify_pass_matches_one_token_steps_on_int4() -> None:
+    """Four rows of different lengths, five tokens each in one verify pass, against five
+    batched one-token steps: the same argmax at every position, the keys/values close."""
+    folder = require_shared("models", "smollm2-135m-instruct-int4-2layers")
+    model = og.Model(og.Config(str(folder)))
+    slots = BatchedSlots(model, 4, 256, verify=True)
+    assert slots.verify_obstacle is None
+    rng = np.random.default_rng(0)
+    for s in range(4):
+        slots.prefill(s, rng.integers(100, 5000, 20 + 7 * s).astype(np.int64), 0)
+    held = slots._lengths.copy()
+    feeds = [rng.integers(100, 5000, 5).astype(np.int64) for _ in range(4)]
+    wide = slots.verify([0, 1, 2, 3], feeds)
+    assert [int(n) for n in slots._lengths] == [int(n) + 5 for n in held]
+    for s in range(4):
+        slots.rewind(s, int(held[s]))
+    steps = [slots.decode([0, 1, 2, 3], np.array([f[j] for f in feeds])) for j in range(5)]
+    for s in range(4):
+        for j in range(5):
+            assert int(np.argmax(wide[s][j])) == int(np.argmax(steps[j][s]))
+            assert float(np.abs(wide[s][j] - steps[j][s]).max()) < 1.0
+
+
+def test_width_choice_weighs_acceptance_against_cost() -> None:
+    costs = WidthCosts()
+    sure, unsure = RowDrafts(8), RowDrafts(8)
+    for _ in range(6):
+        sure.kept(4, 4, 3)
+        unsure.kept(0, 4, 2)
+    assert choose_width([(unsure, 8, 2)], 4, costs, 8) == 1  # drafts that never match: plain
+    assert choose_width([(sure, 8, 3)] * 4, 4, costs, 8) > 2
+    costs.timed(4, 1, 0.040)
+    for width in range(2, 10):
+        costs.timed(4, width, 0.040 * width)  # a pass costs as much as its tokens: never wins
+    assert choose_width([(sure, 8, 3)] * 4, 4, costs, 8) == 1
+
+
+def test_speculate_option_is_checked() -> None:
+    with pytest.raises(GenaiRuntimeError, match="speculate must be an integer from 0 to 32"):
+        ServeOptions(speculate=33)
+    with pytest.raises(GenaiRuntimeError, match="speculate"):
+        ServeOptions(speculate=True)
