@@ -7,6 +7,9 @@ cache and writes those rows), each folder with a v2 ``genai_config.json`` that e
     python benchmarks/winml_export.py t5 CHECKPOINT OUT [--source-len 16] [--ctx 16]
     python benchmarks/winml_export.py qwen3 CHECKPOINT OUT --cache sliding|static \
         [--chunk 8] [--ctx 24]
+    python benchmarks/winml_export.py t5-small OUT [--source-len 64] [--ctx 64]  # bigger T5
+    python benchmarks/winml_export.py providers SRC OUT --encoder openvino --decoder cpu
+    python benchmarks/winml_export.py stages OUT   # each T5 folder's providers, against torch
 
 What each export writes:
 
@@ -21,6 +24,15 @@ What each export writes:
   ``cache_position [C]`` (the slots the chunk takes: index_copy, left-aligned mask,
   right-padded chunks); ``--cache sliding`` has none (the graph drops the oldest ``C`` rows and
   appends the chunk, Slice + Concat: a FIFO, right-aligned mask, left-padded chunks).
+
+Per-stage execution providers: ``tiny`` and ``t5-small`` also write ``t5-static-openvino`` (the
+encoder on the OpenVINO provider, CPU device; the decoder on the CPU provider) and
+``t5-static-openvino-decoder`` (both on OpenVINO), the same graphs under another config
+(``providers`` writes such a copy of any T5 folder), and ``t5-reference.npz``, PyTorch's greedy
+tokens and logits for ``T5_PROMPTS``. ``stages`` needs only the runtime and numpy, so it runs in a
+venv with onnxruntime-openvino and no torch: each folder's tokens and logits against PyTorch's
+and the all-CPU folder's, decoder ms/step, encoder ms, and which provider took each stage's
+nodes (a folder whose provider is missing reports the error).
 
 The attention mask covers the graph's own buffer after it wrote the chunk (``[B, ctx]``), as the
 designs' masks do. torch and transformers are needed here only; the runtime never imports them.
@@ -38,6 +50,16 @@ from pathlib import Path
 OPSET = 17
 T5_SOURCE_LEN, T5_CTX = 16, 16
 QWEN_CHUNK, QWEN_CTX = 8, 24
+# Per-stage providers: folder -> (encoder provider, decoder provider); OpenVINO on its CPU device.
+STAGE_FOLDERS = {
+    "t5-static": ("cpu", "cpu"),
+    "t5-static-openvino": ("openvino", "cpu"),
+    "t5-static-openvino-decoder": ("openvino", "openvino"),
+}
+PROVIDER_OPTIONS = {"cpu": {}, "openvino": {"device_type": "CPU"}}
+T5_PROMPTS = [[5, 9, 22], [7, 3, 40, 41, 12, 9, 88], [60, 2, 2, 14, 5]]
+T5_STEPS = 14
+REFERENCE = "t5-reference.npz"
 
 
 # -- random-weight checkpoints -----------------------------------------------------------------
@@ -59,15 +81,22 @@ def _spread(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
 
 
-def tiny_t5(out: Path, seed: int = 0) -> Path:
-    """A two-layer T5 (vocab 96) with random weights, saved with save_pretrained."""
+def tiny_t5(out: Path, seed: int = 0, size: str = "tiny") -> Path:
+    """A two-layer T5 (vocab 96) with random weights, saved with save_pretrained; ``size``
+    ``small``: t5-small's shapes (6 + 6 layers, d_model 512, 8 heads, vocab 32128)."""
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
+    shapes = {
+        "tiny": dict(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                     num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                     relative_attention_max_distance=20),
+        "small": dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
+                      num_decoder_layers=6, num_heads=8, relative_attention_num_buckets=32,
+                      relative_attention_max_distance=128),
+    }[size]  # fmt: skip
     cfg = T5Config(
-        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
-        num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=20,
-        dropout_rate=0.0, feed_forward_proj="relu", pad_token_id=0, eos_token_id=1,
+        **shapes, dropout_rate=0.0, feed_forward_proj="relu", pad_token_id=0, eos_token_id=1,
         decoder_start_token_id=0,
     )  # fmt: skip
     torch.manual_seed(seed)
@@ -265,6 +294,37 @@ def _export(module, args: tuple, path: Path, inputs: list[str], outputs: list[st
         )  # fmt: skip
 
 
+def _session(file: str, provider: str) -> dict:
+    """A v2 session entry on ``provider`` (the CPU's: no provider_options, the default)."""
+    if provider not in PROVIDER_OPTIONS:
+        raise ValueError(f"provider must be one of {', '.join(PROVIDER_OPTIONS)}, not {provider!r}")
+    if provider == "cpu":
+        return {"file": file}
+    options = [{provider: PROVIDER_OPTIONS[provider]}]
+    return {"file": file, "session_options": {"provider_options": options}}
+
+
+def with_providers(src: Path, out: Path, encoder: str, decoder: str) -> Path:
+    """A copy of the T5 folder ``src`` (graphs hard-linked where the filesystem allows) whose
+    encoder and decoder sessions run on the named providers."""
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    for graph in src.glob("*.onnx*"):
+        target = out / graph.name
+        target.unlink(missing_ok=True)
+        try:
+            target.hardlink_to(graph)
+        except OSError:
+            shutil.copyfile(graph, target)
+    doc = json.loads((src / "genai_config.json").read_text(encoding="utf-8"))
+    sessions = doc["pipeline"]["sessions"]
+    for name, provider in (("encoder", encoder), ("decoder", decoder)):
+        sessions[name] = _session(sessions[name]["file"], provider)
+    _write_config(out, doc)
+    return out
+
+
 def _write_config(out: Path, doc: dict) -> None:
     (out / "genai_config.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
@@ -275,9 +335,11 @@ def export_t5(
     source_len: int = T5_SOURCE_LEN,
     ctx: int = T5_CTX,
     batch: int = 1,
+    encoder_provider: str = "cpu",
+    decoder_provider: str = "cpu",
 ) -> Path:
     """encoder.onnx + decoder.onnx + genai_config.json (preset encoder-decoder), every shape
-    fixed (``batch`` rows included)."""
+    fixed (``batch`` rows included); each session on its provider (``PROVIDER_OPTIONS``)."""
     import torch
     from transformers import T5ForConditionalGeneration
 
@@ -309,7 +371,8 @@ def export_t5(
         "version": 2,
         "pipeline": {
             "extends": "encoder-decoder",
-            "sessions": {"encoder": {"file": "encoder.onnx"}, "decoder": {"file": "decoder.onnx"}},
+            "sessions": {"encoder": _session("encoder.onnx", encoder_provider),
+                         "decoder": _session("decoder.onnx", decoder_provider)},
             "dataflow": [],
             "state": {"kv_cache": {"past_key_pattern": "past_key_values.%d.key",
                                    "past_value_pattern": "past_key_values.%d.value",
@@ -373,7 +436,7 @@ def tiny_exports(root: Path) -> dict[str, Path]:
     """The random-weight checkpoints and the three exports under ``root``."""
     t5 = tiny_t5(root / "checkpoint-t5")
     qwen = tiny_qwen3(root / "checkpoint-qwen3")
-    return {
+    out = {
         "checkpoint-t5": t5,
         "checkpoint-qwen3": qwen,
         "t5-static": export_t5(t5, root / "t5-static"),
@@ -381,9 +444,139 @@ def tiny_exports(root: Path) -> dict[str, Path]:
         "qwen3-static": export_qwen3(qwen, root / "qwen3-static", "static"),
         "qwen3-sliding": export_qwen3(qwen, root / "qwen3-sliding", "sliding"),
     }
+    for name, (encoder, decoder) in STAGE_FOLDERS.items():
+        if name not in out:
+            out[name] = with_providers(out["t5-static"], root / name, encoder, decoder)
+    return out
 
 
-def _ours(folder: Path, prompts: list[list[int]], steps: int, max_length: int):
+def t5_small(root: Path, source_len: int = 64, ctx: int = 64) -> dict[str, Path]:
+    """A random-weight checkpoint of t5-small's shapes, its static export and the provider
+    copies (``STAGE_FOLDERS``) under ``root``."""
+    t5 = tiny_t5(root / "checkpoint-t5", size="small")
+    out = {"checkpoint-t5": t5, "t5-static": export_t5(t5, root / "t5-static", source_len, ctx)}
+    for name, (encoder, decoder) in STAGE_FOLDERS.items():
+        if name not in out:
+            out[name] = with_providers(out["t5-static"], root / name, encoder, decoder)
+    return out
+
+
+def small_prompts(vocab: int, source_len: int) -> list[list[int]]:
+    """Three prompts of random ids (2..vocab-1) that fit ``source_len`` with their EOS."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    lengths = [10, source_len // 2, source_len - 1]
+    return [rng.integers(2, vocab, n).tolist() for n in lengths]
+
+
+def write_t5_reference(root: Path, prompts: list[list[int]], steps: int) -> Path:
+    """PyTorch's greedy tokens and per-step logits for each prompt (batch 1; source = prompt +
+    EOS, as the runtime feeds the encoder), as ``root/t5-reference.npz``."""
+    import numpy as np
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration.from_pretrained(root / "checkpoint-t5").eval()
+    eos = model.config.eos_token_id
+    arrays: dict[str, np.ndarray] = {"steps": np.array(steps)}
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            ref = model.generate(
+                torch.tensor([[*prompt, eos]]), max_new_tokens=steps, do_sample=False,
+                output_logits=True, return_dict_in_generate=True,
+            )  # fmt: skip
+        arrays[f"prompt{i}"] = np.array(prompt, np.int64)
+        arrays[f"tokens{i}"] = ref.sequences[0, 1:].numpy()  # theirs starts with the start id
+        arrays[f"logits{i}"] = torch.cat(ref.logits).numpy()  # [steps, V]
+    path = root / REFERENCE
+    np.savez(path, **arrays)
+    return path
+
+
+def read_t5_reference(root: Path) -> tuple[list[list[int]], int, list[list[int]], list]:
+    """``write_t5_reference``'s prompts, steps, tokens and logits."""
+    import numpy as np
+
+    with np.load(root / REFERENCE) as data:
+        count = sum(1 for key in data.files if key.startswith("prompt"))
+        prompts = [data[f"prompt{i}"].tolist() for i in range(count)]
+        tokens = [data[f"tokens{i}"].tolist() for i in range(count)]
+        logits = [data[f"logits{i}"] for i in range(count)]
+        return prompts, int(data["steps"]), tokens, logits
+
+
+def stage_providers(model) -> dict[str, str]:
+    """Each session's providers as ``explain`` shows them (the nodes each took)."""
+    from genai_runtime.explain import providers_text, session_providers
+
+    return {name: providers_text(session_providers(s)) for name, s in model.sessions.items()}
+
+
+def _encoder_ms(model, repeats: int = 20) -> float:
+    """Median ms of one encoder run (the fixed-shape graph on its provider, ones as inputs)."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    session = model.sessions["encoder"]
+    feeds = {i.name: np.ones(i.shape, np.int64) for i in session.get_inputs()}
+    session.run(None, feeds)  # warm-up
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - begin)
+    return 1e3 * statistics.median(times)
+
+
+def stages(root: Path, folders: list[str] | None = None) -> list[dict]:
+    """Each T5 provider folder under ``root`` (``STAGE_FOLDERS``) on ``write_t5_reference``'s
+    prompts: tokens and logits against PyTorch's and the all-CPU folder's, decoder ms/step
+    (median over the prompts), encoder ms, and where each stage's nodes ran."""
+    import statistics
+
+    import numpy as np
+
+    import genai_runtime as og
+
+    prompts, steps, ref_tokens, ref_logits = read_t5_reference(root)
+    rows, cpu = [], None
+    for name in folders or list(STAGE_FOLDERS):
+        row: dict = {"folder": name}
+        try:
+            model = og.Model(str(root / name))
+        except og.GenaiRuntimeError as exc:
+            rows.append({**row, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        row["providers"] = stage_providers(model)
+        runs = [_ours(root / name, [p], steps, 2 * steps + len(p) + 2, model) for p in prompts]
+        tokens = [run[0][0] for run in runs]
+        logits = [np.concatenate(run[1]) for run in runs]  # [steps, V] per prompt
+        if cpu is None:
+            cpu = (tokens, logits)
+        row.update({
+            "tokens_equal_torch": tokens == ref_tokens,
+            "tokens_equal_cpu": tokens == cpu[0],
+            "max_abs_logit_diff_torch": _max_diff(logits, ref_logits),
+            "max_abs_logit_diff_cpu": _max_diff(logits, cpu[1]),
+            "decoder_ms_per_step": 1e3 * statistics.median(run[2] for run in runs),
+            "encoder_ms": _encoder_ms(model),
+        })  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def _max_diff(ours: list, theirs: list) -> float:
+    diffs = []
+    for a, b in zip(ours, theirs):
+        n = min(len(a), len(b))  # a run that ended early (EOS) has fewer steps
+        diffs.append(float(abs(a[:n] - b[:n]).max()))
+    return max(diffs)
+
+
+def _ours(folder: Path, prompts: list[list[int]], steps: int, max_length: int, model=None):
     """Greedy tokens, per-step logits [B, V] and seconds per step (after the prompt)."""
     import time
 
@@ -391,7 +584,7 @@ def _ours(folder: Path, prompts: list[list[int]], steps: int, max_length: int):
 
     import genai_runtime as og
 
-    model = og.Model(str(folder))
+    model = model or og.Model(str(folder))
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=max_length, do_sample=False, batch_size=len(prompts))
     gen = og.Generator(model, params)
@@ -468,8 +661,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", choices=("static", "sliding"), required=True)
     p.add_argument("--chunk", type=int, default=QWEN_CHUNK)
     p.add_argument("--ctx", type=int, default=QWEN_CTX)
+    for flag in ("--encoder-provider", "--decoder-provider"):
+        p.add_argument(flag, choices=tuple(PROVIDER_OPTIONS), default="cpu")
     p = sub.add_parser("compare", help="run the tiny exports against PyTorch's generate")
     p.add_argument("root", type=Path)
+    p = sub.add_parser("t5-small", help="a random T5 of t5-small's shapes, exported (benchmark)")
+    p.add_argument("out", type=Path)
+    p.add_argument("--source-len", type=int, default=64)
+    p.add_argument("--ctx", type=int, default=64)
+    p = sub.add_parser("providers", help="copy a T5 folder with each stage on a provider")
+    p.add_argument("src", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--encoder", choices=tuple(PROVIDER_OPTIONS), default="cpu")
+    p.add_argument("--decoder", choices=tuple(PROVIDER_OPTIONS), default="cpu")
+    p = sub.add_parser("stages", help="each T5 provider folder against PyTorch and all-CPU")
+    p.add_argument("root", type=Path)
+    p.add_argument("--folders", nargs="+", choices=tuple(STAGE_FOLDERS))
     args = ap.parse_args(argv)
     if args.cmd == "compare":
         for row in compare(args.root):
@@ -477,8 +684,20 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "tiny":
         for name, path in tiny_exports(args.out).items():
             print(f"{name}: {path}")
+        print(f"reference: {write_t5_reference(args.out, T5_PROMPTS, T5_STEPS)}")
+    elif args.cmd == "t5-small":
+        for name, path in t5_small(args.out, args.source_len, args.ctx).items():
+            print(f"{name}: {path}")
+        prompts = small_prompts(32128, args.source_len)
+        print(f"reference: {write_t5_reference(args.out, prompts, args.ctx - 2)}")
+    elif args.cmd == "providers":
+        print(with_providers(args.src, args.out, args.encoder, args.decoder))
+    elif args.cmd == "stages":
+        for row in stages(args.root, args.folders):
+            print(json.dumps(row))
     elif args.cmd == "t5":
-        print(export_t5(args.checkpoint, args.out, args.source_len, args.ctx, args.batch))
+        print(export_t5(args.checkpoint, args.out, args.source_len, args.ctx, args.batch,
+                        args.encoder_provider, args.decoder_provider))  # fmt: skip
     else:
         print(export_qwen3(args.checkpoint, args.out, args.cache, args.chunk, args.ctx))
     return 0

@@ -20,10 +20,17 @@ from .runtime.cuda_graphs import graph_obstacle
 from .runtime.pipeline import LoadedPipeline
 from .runtime.plan import Plan
 from .session.device import HOST, Device
+from .session.providers import assignment
 from .spec import PHASES, GenerationSpec, PipelineSpec
 from .speculative import tree_note
 
-__all__ = ["explain_model", "explain_spec", "format_report"]
+__all__ = [
+    "explain_model",
+    "explain_spec",
+    "format_report",
+    "providers_text",
+    "session_providers",
+]
 
 _LAYOUT_SHAPES = {
     "separate": "[B, H, S, D] per key and value",
@@ -210,15 +217,45 @@ def _stage(stage: Any, pipeline: LoadedPipeline) -> dict[str, Any]:
         if feed.wire:
             entry["wire"] = str(feed.wire)
         inputs.append(entry)
+    session = pipeline.sessions[stage.name]
     return {
         "session": stage.name,
         "file": stage.io.file,
         "phase": stage.step.when,
-        "device": str(Device.of(pipeline.sessions[stage.name])),
+        "device": str(Device.of(session)),
+        "providers": session_providers(session),
         "inputs": inputs,
         "logits": stage.logits.name if stage.logits is not None else None,
         "wire_outputs": list(stage.wire_outputs),
     }
+
+
+def session_providers(session: Any) -> list[dict[str, Any]]:
+    """The providers onnxruntime gave the session, in its order, with the nodes each took where
+    onnxruntime recorded them (sessions that asked for a provider besides the CPU's)."""
+    assigned = assignment(session)
+    if assigned is None:
+        return [{"name": name} for name in session.get_providers()]
+    return [{"name": a.provider, "nodes": a.nodes, "parts": a.parts} for a in assigned]
+
+
+def providers_text(providers: list[Mapping[str, Any]]) -> str:
+    """``OpenVINOExecutionProvider (all 90 nodes)``, or each provider's share of the nodes."""
+    names = [p["name"] for p in providers]
+    if any("nodes" not in p for p in providers):
+        return ", ".join(names)
+    taken = [p for p in providers if p["nodes"]]
+    total = sum(p["nodes"] for p in providers)
+    if len(taken) == 1:
+        idle = [p["name"] for p in providers if not p["nodes"]]
+        rest = f"; none on {', '.join(idle)}" if idle else ""
+        return f"{taken[0]['name']} (all {total} nodes{rest})"
+    shares = []
+    for p in providers:
+        parts = p["parts"] if p["name"] != "CPUExecutionProvider" else 0
+        split = f" in {parts} parts" if parts > 1 else ""
+        shares.append(f"{p['name']} {p['nodes']} nodes{split}")
+    return ", ".join(shares) + " (a partition: the graph is split between them)"
 
 
 # Why the server's prompt cache (serve --prompt-cache-mb) cannot hold a kind's rows. It copies
@@ -355,6 +392,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     for stage in graphs["stages"]:
         where = f", on {stage['device']}" if stage.get("device") else ""
         add(f"  {stage['session']} ({stage['file']}, {stage['phase']}{where}):")
+        if stage.get("providers"):
+            add(f"    providers: {providers_text(stage['providers'])}")
         kv = [i for i in stage["inputs"] if i["source"] == "kv"]
         cross = [i for i in stage["inputs"] if i["source"] == "cross"]
         rows = [

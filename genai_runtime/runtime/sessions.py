@@ -13,7 +13,7 @@ from ..environment import gpu_device_id, plugin_devices
 from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError
 from ..session.device import check_provider
 from ..session.graph_io import SessionIO
-from ..session.providers import CPU, check_granted, preload_libraries
+from ..session.providers import CPU, RECORD_ASSIGNMENT, check_granted, preload_libraries
 from ..spec import PipelineSpec, SessionOptionsSpec, SessionSpec
 from . import prune
 
@@ -181,6 +181,11 @@ def create_session(
         providers = providers_for(spec.options)
     except UnsupportedError as exc:  # name the session, as the other load errors do
         raise UnsupportedError(f"{where}: {exc}") from exc
+    if any(name != CPU for name, _ in providers) and (
+        RECORD_ASSIGNMENT not in spec.options.config_entries
+    ):
+        # Which nodes each provider took: explain shows it (a provider may take none).
+        options.add_session_config_entry(RECORD_ASSIGNMENT, "1")
     model: str | bytes = str(path)
     if prune.wanted(dict(spec.options.config_entries)):
         rewritten = _pruned(spec, path)

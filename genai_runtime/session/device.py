@@ -15,6 +15,8 @@ on the host as NumPy views of the OrtValues' memory, and on a device as a one-no
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,6 +80,8 @@ class Device:
             except RuntimeError:  # onnxruntime raises for an entry never set
                 emulated = False
             return cls(copies_inputs=emulated)
+        if first not in EP_DEVICES and reads_host(session):
+            return cls()  # OpenVINO on its CPU device, say: host memory, read at run time
         kind = EP_DEVICES.get(first, "cpu")
         options = session.get_provider_options().get(first, {})
         device_id = int(options.get("device_id", 0) or 0) if kind != "cpu" else 0
@@ -173,6 +177,18 @@ def graph_take_many(
 HOST = Device()
 
 
+def reads_host(session: ort.InferenceSession) -> bool:
+    """Whether every input and output of ``session`` lives in host memory, as onnxruntime
+    places them for its providers (a provider with no memory of its own, such as OpenVINO on
+    its CPU device): a bound host array is then read when the session runs, as the CPU
+    provider reads it. False where this onnxruntime cannot say (an older build)."""
+    try:
+        infos = [*session.get_input_memory_infos(), *session.get_output_memory_infos()]
+    except AttributeError:
+        return False
+    return all(info.name == "Cpu" for info in infos)
+
+
 def parse_device(text: str) -> tuple[str, dict[str, str]]:
     """``--device`` text (``cpu``, ``cuda``, ``cuda:1``, ``dml``, ...) -> the genai_config
     provider name and its options (``device_id``)."""
@@ -188,13 +204,45 @@ def check_provider(name: str, asked: str | None = None) -> None:
     available = ort.get_available_providers()
     if name in available:
         return
-    package = EP_PACKAGES.get(name)
-    hint = f"; install {package} in place of onnxruntime" if package else ""
+    hint = install_hint(name)
+    hint = f"; {hint}" if hint else ""
     shown = f"{asked!r} ({name})" if asked and asked != name else name
     raise UnsupportedError(
         f"execution provider {shown} is not available in this onnxruntime build "
         f"(available: {', '.join(available)}){hint}"
     )
+
+
+def install_hint(
+    provider: str,
+    installed: Callable[[str], bool] | None = None,
+    available: Collection[str] | None = None,
+) -> str:
+    """What to install for ``provider`` ("" when no package is known). ``installed``: whether a
+    distribution is installed (default: importlib.metadata's answer); ``available``: this
+    onnxruntime's providers (default: its own list)."""
+    package = EP_PACKAGES.get(provider)
+    if package is None:
+        return ""
+    installed = installed or _installed
+    if available is None:
+        available = ort.get_available_providers()
+    if provider not in available and installed(package) and installed("onnxruntime"):
+        # Both wheels hold the one onnxruntime module; the one installed last wrote its files.
+        return (
+            f"{package} is installed, but so is onnxruntime, whose files replaced its own "
+            f"(both hold the onnxruntime module): pip uninstall -y onnxruntime, then "
+            f"pip install --force-reinstall --no-deps {package}"
+        )
+    return f"install {package} in place of onnxruntime"
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=32)

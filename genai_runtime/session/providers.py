@@ -22,9 +22,42 @@ from pathlib import Path
 import onnxruntime as ort
 
 from ..errors import UnsupportedError
-from .device import EP_PACKAGES
+from .device import install_hint
 
 CPU = "CPUExecutionProvider"
+# onnxruntime's session entry that keeps which nodes each provider took (``assignment``); the
+# runtime sets it on sessions that ask for a provider besides the CPU's.
+RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The nodes of a session's graph (after onnxruntime's optimisations) one provider runs."""
+
+    provider: str
+    nodes: int
+    # Parts of the graph it took: a compiling provider (OpenVINO) fuses each part into one
+    # node; the CPU provider's are one node each.
+    parts: int
+
+
+def assignment(session: ort.InferenceSession) -> tuple[Assignment, ...] | None:
+    """Per provider of ``session`` (its order; providers that took nothing included), the nodes
+    it runs; None where onnxruntime kept no record (``RECORD_ASSIGNMENT`` unset, or an older
+    build)."""
+    getter = getattr(session, "get_provider_graph_assignment_info", None)
+    if getter is None:
+        return None
+    try:
+        parts = getter()
+    except Exception:  # onnxruntime's Fail: the entry was not set for this session
+        return None
+    nodes: dict[str, int] = dict.fromkeys(session.get_providers(), 0)
+    counts: dict[str, int] = dict.fromkeys(nodes, 0)
+    for part in parts:
+        nodes[part.ep_name] = nodes.get(part.ep_name, 0) + len(part.get_nodes())
+        counts[part.ep_name] = counts.get(part.ep_name, 0) + 1
+    return tuple(Assignment(name, nodes[name], counts[name]) for name in nodes)
 
 
 @dataclass(frozen=True)
@@ -94,8 +127,7 @@ def check_granted(
 
 def why_not(provider: str) -> str:
     """Why onnxruntime could not give a session ``provider``, and what to install."""
-    package = EP_PACKAGES.get(provider)
-    install = f"install {package} in place of onnxruntime" if package else ""
+    install = install_hint(provider)
     library = PROVIDER_LIBRARIES.get(provider)
     if library is None:
         return "; ".join(filter(None, ["onnxruntime's log above says why", install]))

@@ -198,3 +198,23 @@ def test_in_graph_index_copy_refuses_a_padded_chunk_past_the_context() -> None:
     with pytest.raises(GenerationError, match="whole chunks of 8 slots"):
         cache.check_room(np.array([17]), ChunkShape(8, in_graph=True))  # third ends at 24
     cache.check_room(np.array([17]), ChunkShape(8))  # past + chunk graphs: pads are not written
+
+
+def test_provider_folders_put_each_stage_on_its_provider(exports) -> None:
+    """``t5-static-openvino`` (encoder on OpenVINO) and ``t5-static-openvino-decoder`` (both):
+    the same graphs, each session's ``provider_options`` set; where onnxruntime lacks OpenVINO,
+    loading one is the error naming the package (tests/kv/test_stage_providers.py runs them)."""
+    import json
+
+    import onnxruntime as ort
+
+    module = _export_module()
+    for name, providers in module.STAGE_FOLDERS.items():
+        doc = json.loads((exports[name] / "genai_config.json").read_text(encoding="utf-8"))
+        for session, provider in zip(("encoder", "decoder"), providers):
+            entry = doc["pipeline"]["sessions"][session]
+            options = entry.get("session_options", {}).get("provider_options")
+            assert options == (None if provider == "cpu" else [{provider: {"device_type": "CPU"}}])
+    if "OpenVINOExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(og.UnsupportedError, match="install onnxruntime-openvino"):
+            og.Model(str(exports["t5-static-openvino"]))
