@@ -244,6 +244,8 @@ class Generator:
             return
         if self._driver is not None:
             return self._next_from_driver()
+        if self._logits is None and self._pending is None:
+            raise GenerationError("no logits: append_kv gives none; call append_tokens next")
         if self._logits is None:
             self._logits = self._forward(self._pending)
             self._pending = None
@@ -533,6 +535,58 @@ class Generator:
             )
         array = as_array(hidden_states, "set_hidden_states(hidden_states)")
         self.set_model_input(taken[0], np.array(array, copy=True))
+
+    # -- a prompt's keys/values out and in (not in the reference: ``run --prompt-cache``) --
+
+    @property
+    def kv_copy_obstacle(self) -> str | None:
+        """Why ``read_kv`` / ``append_kv`` cannot run on this generator (None: they can)."""
+        if self._beams is not None:
+            return "beam search keeps a row per beam"
+        if self._driver is not None:
+            return f"{self.model.driver_kind} keeps state of its own besides the cache"
+        if self._adapter_of:
+            return "LoRA adapters are active (their keys/values differ from the model's)"
+        return self._exec.copy_obstacle
+
+    @property
+    def kv_rows(self) -> tuple[np.dtype, tuple[int, int, int]]:
+        """The dtype and ``(tensors, heads, head size)`` of one position's keys/values."""
+        self._check_kv_copy()
+        return self._exec.kv_rows
+
+    def read_kv(self, start: int, end: int) -> np.ndarray:
+        """A copy of the keys/values of positions ``start:end`` of the tokens run so far:
+        ``[tensors, heads, end - start, head size]``."""
+        self._check_kv_copy()
+        return self._exec.read_kv(as_index(start, "read_kv(start)"), as_index(end, "read_kv(end)"))
+
+    def append_kv(self, tokens: Any, rows: np.ndarray) -> None:
+        """Start a new generator's sequence with ``tokens`` whose keys/values are ``rows`` (as
+        ``read_kv`` gives them, from a generator of the same model and settings), without
+        running them; ``append_tokens`` then runs the rest of the prompt and gives the logits.
+        The rows are used as given: they must be what this model computes for these tokens."""
+        self._check_kv_copy()
+        if self._length:
+            raise GenerationError("append_kv starts a sequence: rewind_to(0) first")
+        ids = self._as_batch(tokens)
+        rows = as_array(rows, "append_kv(rows)")
+        n = ids.shape[1]
+        if rows.ndim != 4 or rows.shape[2] != n:
+            raise GenerationError(f"append_kv: rows {list(rows.shape)} do not hold {n} positions")
+        if n >= self.max_length:
+            raise GenerationError(f"append_kv: {n} tokens leave no room in max_length "
+                                  f"{self.max_length}")  # fmt: skip
+        self._exec.write_kv(0, rows)
+        self._seq[:, :n] = ids
+        self._length = n
+        self._pending = None
+        self._logits = None
+
+    def _check_kv_copy(self) -> None:
+        why = self.kv_copy_obstacle
+        if why is not None:
+            raise UnsupportedError(f"cannot copy keys/values: {why}")
 
     def get_speculative_stats(self) -> dict[str, float]:
         """Drafted and accepted token counts of speculative decoding (not in the reference)."""

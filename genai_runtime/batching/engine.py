@@ -12,6 +12,13 @@ included); a later request waits for the batch to finish; a turn continued by a 
 batch. Beyond the reference: continuation works in batches of several requests, every request
 stays resident while slots last (an evicted one re-runs its tokens on its next turn), and stop
 strings, per-turn seeds and rewinds work on every model.
+
+Also beyond it, a prompt cache (``batching.prompt_cache``, in memory) shared by the engine's
+requests: a request placed in a slot copies the rows of the longest cached prefix of its tokens
+instead of prefilling them (``TurnUsage.cached_prompt_tokens`` counts them), and offers the rows
+its prefills computed. Only prefill rows are cached or copied, and at least two tokens are still
+prefilled, so the copy changes no pass: with int4 weights a one-token pass rounds differently,
+and a decode pass's rows depend on the batch it ran in.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ from .options import (
     resolve_turn,
     unsigned,
 )
+from .prompt_cache import BLOCK_TOKENS, DEFAULT_MEMORY_MB, PromptCache
+from .prompt_files import DEFAULT_DISK_MB, open_prompt_cache
 from .stops import StopMatcher
 
 MAX_BATCH = 4  # the reference's static batch size
@@ -97,12 +106,13 @@ class _Turn:
         self.id = turn_id
         self.policy = policy
         self.prompt_tokens = prompt_tokens
+        self.cached = 0  # of its input tokens, copied from the prompt cache
         self.generated = 0
         self.grammar_done = False  # its grammar accepts nothing but end-of-sequence now
         self.stops: tuple[Any, StopMatcher] | None = stops  # (tokenizer stream, matcher)
 
     def usage(self) -> TurnUsage:
-        return TurnUsage(self.prompt_tokens, self.generated, 0)
+        return TurnUsage(self.prompt_tokens, self.generated, self.cached)
 
 
 class _Session:
@@ -119,6 +129,9 @@ class _Session:
         self.next_turn_id = 1
         self.turn_starts: dict[int, int] = {}  # turn id -> history length before its input
         self.last_used = 0
+        # leading tokens whose rows in the slot came from prefills (or the prompt cache): what
+        # the cache may take; a decode pass's rows depend on its batch, so they end it
+        self.prefilled = 0
 
 
 _KEY = object()  # only the engine makes Requests
@@ -170,9 +183,11 @@ class Engine:
     """onnxruntime-genai 0.18's ``Engine(model)``: Requests, turns and events over one model.
 
     All calls come from the thread that made the engine (the reference's owner-thread rule).
+    ``prompt_cache_mb``: the prompt cache's memory budget in MiB (0: none; see the module
+    docstring); ``prompt_cache_note`` says what it is, or why there is none.
     """
 
-    def __init__(self, model: Model):
+    def __init__(self, model: Model, *, prompt_cache_mb: int = DEFAULT_MEMORY_MB):
         if not isinstance(model, Model):
             raise EngineTypeError(f"Engine expects a Model, got {type(model).__name__}")
         self._owner = threading.get_ident()
@@ -183,6 +198,11 @@ class Engine:
         self._core = DecodeCore(
             model, num_slots=MAX_BATCH, context=max(1, search.max_length), min_rows=1,
             stop_policy=_STOP_POLICY,
+        )  # fmt: skip
+        self._prompt_cache: PromptCache | None
+        self._prompt_cache, self.prompt_cache_note = open_prompt_cache(
+            model, self._core.slots, mb=unsigned("prompt_cache_mb", prompt_cache_mb, bits=20),
+            folder=None, disk_mb=DEFAULT_DISK_MB, block=BLOCK_TOKENS, max_tokens=self._max_length,
         )  # fmt: skip
         self._vocab = model.vocab_size
         self._tokenizer: Tokenizer | None = None  # made for the first turn with stop strings
@@ -272,6 +292,11 @@ class Engine:
     def max_draft_tokens_per_proposal(self) -> int:
         return 0
 
+    @property
+    def prompt_cache(self) -> PromptCache | None:
+        """The engine's prompt cache (its ``stats`` count lookups and hits), if it has one."""
+        return self._prompt_cache
+
     # -- Request operations (through Request's methods) ----------------------------------------
 
     def begin_turn(
@@ -359,6 +384,7 @@ class Engine:
         row = s.row
         row.history.truncate(boundary)
         row.processed = min(row.processed, boundary)
+        s.prefilled = min(s.prefilled, boundary)
         row.logits = None
         if row.slot >= 0:
             self._core.slots.rewind(row.slot, row.processed)
@@ -428,6 +454,7 @@ class Engine:
             self._holders[s.row.slot] = None
         s.row.slot = -1
         s.row.processed = 0
+        s.prefilled = 0
         s.row.logits = None
 
     def _form_batch(self) -> None:
@@ -445,6 +472,36 @@ class Engine:
             if s.row.slot < 0:
                 self._core.place(s.row, self._free_slot(members))
                 self._holders[s.row.slot] = s
+                self._from_cache(s)
+
+    def _from_cache(self, s: _Session) -> None:
+        """Copy the rows of the longest cached prefix of the session's tokens into its slot
+        (just placed, holding none), leaving at least two tokens to prefill."""
+        cache, row = self._prompt_cache, s.row
+        if cache is None:
+            return
+        tokens = row.history.array()
+        lease = cache.lookup(tokens, len(tokens) - 2)
+        try:
+            if lease.length > row.processed:
+                self._core.slots.write_rows(row.slot, 0, lease.rows(0, lease.length))
+                row.processed = s.prefilled = lease.length
+                s.turn.cached = max(0, lease.length - s.turn_starts[s.turn.id])
+        except Exception:  # the cache is an optimisation: the tokens are prefilled instead
+            log.exception("prompt cache: rows could not be copied into slot %d", row.slot)
+            self._core.slots.rewind(row.slot, 0)
+            row.processed = s.prefilled = 0
+        finally:
+            cache.release(lease)
+
+    def _offer(self, s: _Session) -> None:
+        """Give the prompt cache the rows the session's prefills computed."""
+        slot = s.row.slot
+        try:
+            tokens = s.row.history.array()[: s.prefilled]
+            self._prompt_cache.offer(tokens, lambda a, b: self._core.slots.read_rows(slot, a, b))
+        except Exception:
+            log.exception("prompt cache: a prompt's rows could not be kept")
 
     def _free_slot(self, keep: list[_Session]) -> int:
         """A free slot, or that of the least recently used session outside ``keep``."""
@@ -465,6 +522,8 @@ class Engine:
         slots = [s.row.slot for s in self._batch if s.row.slot >= 0]
         span = range(min(slots), max(slots) + 1)
         self._clock += 1
+        # rows that prefill on top of prefilled rows only: theirs stay a prefill's
+        prefilling = [s for s in running if s.row.pending > 1 and s.row.processed == s.prefilled]
         try:
             self._core.advance([s.row for s in running], span)
         except Exception:  # every running turn reports the failure; the engine goes on
@@ -474,6 +533,10 @@ class Engine:
                 self._finish(s, FinishReason.FAILED, code=EngineErrorCode.ENGINE_EXECUTION_FAILURE)
             return
         self._passes += 1
+        for s in prefilling:
+            s.prefilled = s.row.processed
+            if self._prompt_cache is not None:
+                self._offer(s)
         for s in running:
             s.last_used = self._clock
             try:

@@ -17,8 +17,9 @@ from .options import EngineError, EngineErrorCode, EngineEventFlags, FinishReaso
 
 @dataclass(frozen=True, slots=True)
 class TurnUsage:
-    """Token counts of one turn: the input ``begin_turn`` took, the tokens it generated, and the
-    prompt tokens served from a cache (always 0, as in the reference)."""
+    """Token counts of one turn: the input ``begin_turn`` took, the tokens it generated, and how
+    many of that input were copied from the engine's prompt cache instead of run (the
+    reference's CPU engine has no prompt cache and reports 0)."""
 
     prompt_tokens: int = 0
     generated_tokens: int = 0

@@ -55,6 +55,128 @@ _SPACE = re.compile(r"^[0-9a-f]{32}$")
 _TEMP = re.compile(rf"^\.[0-9a-f]{{{2 * KEY_BYTES}}}\.kv\.\d+\.tmp$")
 
 
+@dataclass(frozen=True)
+class FileFormat:
+    """What a file must declare to be read here: the namespace, block size and rows (dtype and
+    ``(tensors, heads, head size)``). ``PromptFiles`` keeps chains in this format; ``run
+    --prompt-cache`` keeps one prompt (block 1: any number of tokens) in a file the user names."""
+
+    space: bytes
+    block: int
+    dtype: np.dtype
+    row_shape: tuple[int, int, int]
+
+    @classmethod
+    def single(cls, model: Any, rows: tuple[np.dtype, tuple[int, int, int]]) -> FileFormat:
+        """The format of a file holding one prompt (``run --prompt-cache``): block 1, so any
+        number of tokens, in the namespace of ``model`` as it is loaded now."""
+        return cls(namespace(model, rows, 1), 1, np.dtype(rows[0]), tuple(rows[1]))
+
+    def max_bytes(self, tokens: int) -> int:
+        """The largest file that holds ``tokens`` tokens."""
+        count, heads, width = self.row_shape
+        return _HEAD.size + MAX_HEADER + tokens * count * heads * width * self.dtype.itemsize + 32
+
+    def encode(self, tokens: np.ndarray, rows: np.ndarray) -> list[bytes]:
+        """The file's bytes, in parts: head, header, rows, sha256."""
+        header = json.dumps({
+            "space": self.space.hex(), "block": self.block, "dtype": self.dtype.str,
+            "rows": list(self.row_shape), "tokens": np.asarray(tokens).tolist(),
+        }).encode()  # fmt: skip
+        head = _HEAD.pack(MAGIC, VERSION, len(header))
+        data = rows.astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
+        sha = hashlib.sha256(head)
+        sha.update(header)
+        sha.update(data)
+        return [head, header, data, sha.digest()]
+
+    def read(
+        self,
+        path: Path,
+        *,
+        max_tokens: int,
+        max_bytes: int,
+        check: bool = True,
+        name: str | None = None,
+        follow_links: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """A file's tokens and (with ``check``: the checksum verified) rows; ValueError says
+        why it cannot be used (``_TooLong``: sound, but over ``max_tokens``). ``name``: the
+        file name its tokens must hash to."""
+        flags = os.O_RDONLY | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(os.open(path, flags), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise ValueError(f"{size} bytes, over the limit of {max_bytes}")
+            head = f.read(_HEAD.size)
+            if len(head) < _HEAD.size:
+                raise ValueError("truncated header")
+            magic, version, length = _HEAD.unpack(head)
+            if magic != MAGIC or version != VERSION:
+                raise ValueError("not a prompt cache file of this version")
+            if length > MAX_HEADER or _HEAD.size + length > size:
+                raise ValueError(f"header of {length} bytes does not fit")
+            header = f.read(length)
+            tokens = self._check_header(header, max_tokens, name)
+            count, heads, width = self.row_shape
+            shape = (count, heads, tokens.size, width)
+            payload = int(np.prod(shape)) * self.dtype.itemsize
+            if size != _HEAD.size + length + payload + 32:
+                raise ValueError(f"{size} bytes, {_HEAD.size + length + payload + 32} expected "
+                                 "(truncated or padded)")  # fmt: skip
+            if not check:
+                return tokens, None
+            data = f.read(payload)
+            digest = f.read(32)
+        sha = hashlib.sha256(head)
+        sha.update(header)
+        sha.update(data)
+        if len(data) != payload or sha.digest() != digest:
+            raise ValueError("checksum mismatch (the file was altered or cut short)")
+        return tokens, np.frombuffer(data, self.dtype).reshape(shape)
+
+    def _check_header(self, raw: bytes, max_tokens: int, name: str | None) -> np.ndarray:
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise ValueError("unreadable header") from None
+        if not isinstance(doc, dict):
+            raise ValueError("unreadable header")
+        want = {"space": self.space.hex(), "block": self.block, "dtype": self.dtype.str,
+                "rows": list(self.row_shape)}  # fmt: skip
+        for field, value in want.items():
+            if doc.get(field) != value:
+                raise ValueError(f"header {field} {clip_text(repr(doc.get(field)), 80)}, "
+                                 f"expected {value!r}")  # fmt: skip
+        ids = doc.get("tokens")
+        if not isinstance(ids, list) or not ids or len(ids) % self.block:
+            raise ValueError("the tokens are not a list of whole blocks")
+        if len(ids) > max_tokens:
+            raise _TooLong(f"{len(ids)} tokens, over the context of {max_tokens}")
+        if not all(type(t) is int and 0 <= t < 2**31 for t in ids):
+            raise ValueError("the tokens are not token ids")
+        tokens = np.array(ids, np.int64)
+        if name is not None and chain_keys(self.space, tokens, self.block)[-1].hex() + ".kv" != (
+                name):  # fmt: skip
+            raise ValueError("the tokens do not hash to the file's name")
+        return tokens
+
+
+def write_file(path: Path, parts: list[bytes]) -> None:
+    """Write ``parts`` to ``path`` under a temporary name in its folder, then rename it there
+    (a reader never sees half a file)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temp, "wb") as f:
+            for part in parts:
+                f.write(part)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
 def namespace(model: Any, rows: tuple[np.dtype, tuple[int, int, int]], block: int) -> bytes:
     """What a cached row depends on besides its tokens, as a 32-byte hash (see the module
     docstring): a changed weight, setting or runtime gives another namespace."""
@@ -150,6 +272,7 @@ class PromptFiles:
             ) from None
         self.space = space
         self.dtype, self.row_shape = np.dtype(rows[0]), tuple(rows[1])
+        self.format = FileFormat(space, block, self.dtype, self.row_shape)
         self.budget = budget
         self.block = block
         self.max_tokens = max_tokens
@@ -235,64 +358,9 @@ class PromptFiles:
         self._trim(0)
 
     def _read(self, path: Path, *, check: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """A file's tokens and (with ``check``: the checksum verified) rows; ValueError says
-        why it cannot be used."""
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > self.budget:
-                raise ValueError(f"{size} bytes, over the disk budget")
-            head = f.read(_HEAD.size)
-            if len(head) < _HEAD.size:
-                raise ValueError("truncated header")
-            magic, version, length = _HEAD.unpack(head)
-            if magic != MAGIC or version != VERSION:
-                raise ValueError("not a prompt cache file of this version")
-            if length > MAX_HEADER or _HEAD.size + length > size:
-                raise ValueError(f"header of {length} bytes does not fit")
-            header = f.read(length)
-            tokens = self._check_header(header, path.name)
-            count, heads, width = self.row_shape
-            shape = (count, heads, tokens.size, width)
-            payload = int(np.prod(shape)) * self.dtype.itemsize
-            if size != _HEAD.size + length + payload + 32:
-                raise ValueError(f"{size} bytes, {_HEAD.size + length + payload + 32} expected "
-                                 "(truncated or padded)")  # fmt: skip
-            if not check:
-                return tokens, None
-            data = f.read(payload)
-            digest = f.read(32)
-        sha = hashlib.sha256(head)
-        sha.update(header)
-        sha.update(data)
-        if len(data) != payload or sha.digest() != digest:
-            raise ValueError("checksum mismatch (the file was altered or cut short)")
-        return tokens, np.frombuffer(data, self.dtype).reshape(shape)
-
-    def _check_header(self, raw: bytes, name: str) -> np.ndarray:
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise ValueError("unreadable header") from None
-        if not isinstance(doc, dict):
-            raise ValueError("unreadable header")
-        want = {"space": self.space.hex(), "block": self.block, "dtype": self.dtype.str,
-                "rows": list(self.row_shape)}  # fmt: skip
-        for field, value in want.items():
-            if doc.get(field) != value:
-                raise ValueError(f"header {field} {clip_text(repr(doc.get(field)), 80)}, "
-                                 f"expected {value!r}")  # fmt: skip
-        ids = doc.get("tokens")
-        if not isinstance(ids, list) or not ids or len(ids) % self.block:
-            raise ValueError("the tokens are not a list of whole blocks")
-        if len(ids) > self.max_tokens:
-            raise _TooLong(f"{len(ids)} tokens, over the context of {self.max_tokens}")
-        if not all(type(t) is int and 0 <= t < 2**31 for t in ids):
-            raise ValueError("the tokens are not token ids")
-        tokens = np.array(ids, np.int64)
-        if chain_keys(self.space, tokens, self.block)[-1].hex() + ".kv" != name:
-            raise ValueError("the tokens do not hash to the file's name")
-        return tokens
+        """A file's tokens and (with ``check``) rows; ValueError says why it cannot be used."""
+        return self.format.read(path, max_tokens=self.max_tokens, max_bytes=self.budget,
+                                check=check, name=path.name)  # fmt: skip
 
     def _drop(self, name: str, why: str) -> None:
         log.warning("prompt cache: %s is not used and is removed: %s", self.dir / name, why)
@@ -326,27 +394,12 @@ class PromptFiles:
                     os.utime(path)
                 return
         tokens = np.concatenate([b.tokens for b in chain])
-        header = json.dumps({
-            "space": self.space.hex(), "block": self.block, "dtype": self.dtype.str,
-            "rows": list(self.row_shape), "tokens": tokens.tolist(),
-        }).encode()  # fmt: skip
-        rows = np.concatenate([b.rows for b in chain], axis=2)
-        head = _HEAD.pack(MAGIC, VERSION, len(header))
-        data = rows.astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
-        size = len(head) + len(header) + len(data) + 32
+        parts = self.format.encode(tokens, np.concatenate([b.rows for b in chain], axis=2))
+        size = sum(len(part) for part in parts)
         if size > self.budget:
             return
         self._trim(size)
-        sha = hashlib.sha256(head)
-        sha.update(header)
-        sha.update(data)
-        temp = self.dir / f".{name}.{os.getpid()}.tmp"
-        with open(temp, "wb") as f:
-            f.write(head)
-            f.write(header)
-            f.write(data)
-            f.write(sha.digest())
-        os.replace(temp, path)
+        write_file(path, parts)
         with self._lock:
             self.stats.written += 1
             replaced = {self._index[k] for k in keys[:-1] if k in self._index}

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from ..batching.core import TokenHistory
+from ..batching.prompt_files import FileFormat, write_file
 from ..decoding.stopping import StopPolicy, StopReason, StopRule
-from ..errors import GenerationError, UnsupportedError
+from ..errors import GenaiRuntimeError, GenerationError, UnsupportedError
 from ..extras import require_extra
 from ..generation_defaults import defaults_for
 from ..generator import Generator, GeneratorParams
@@ -92,6 +93,13 @@ def add_parsers(sub: Any) -> None:
     )
     guide.add_argument("--regex", metavar="PATTERN", help="constrain the output to a regex")
     guide.add_argument("--lark", metavar="FILE", help="constrain the output to a Lark grammar")
+    p.add_argument(
+        "--prompt-cache",
+        metavar="FILE",
+        help="keys/values of an earlier prompt: the longest prefix this prompt shares with it "
+        "is copied, not run; a missing FILE, or one another model or setting wrote, is "
+        "written with this prompt's after the run",
+    )
     p.set_defaults(func=cmd_run, check=_check_run, late_positional="text")
 
     p = sub.add_parser("bench", help="measure prefill / decode speed and memory")
@@ -131,6 +139,8 @@ def _check_run(args: argparse.Namespace) -> str | None:
         return "run: give the prompt once (PROMPT, -p TEXT or -f FILE)"
     if args.raw and args.system is not None:
         return "run: --system needs the chat template (drop --raw)"
+    if args.audio is not None and args.prompt_cache is not None:
+        return "run: --prompt-cache keeps a text prompt's keys/values, not audio's (drop one)"
     try:
         args.prompt = _prompt_text(args)
     except OSError as exc:  # -f FILE unreadable, or no usable stdin
@@ -277,9 +287,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             reasons.append(reason)
         return reason is StopReason.LOOP
 
-    timing = timed_generate(generator, ids, show)
+    cache = Path(args.prompt_cache) if args.prompt_cache is not None else None
+    reused, write = _from_prompt_file(cache, model, generator, ids) if cache else (0, False)
+    timing = timed_generate(generator, ids[reused:], show)
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if write:
+        _to_prompt_file(cache, model, generator, ids)
     if reasons and reasons[-1] is StopReason.LOOP:
         print("note: the reply kept repeating itself, so it was ended (--no-loop-guard lets "
               "it run on)", file=sys.stderr)  # fmt: skip
@@ -288,6 +302,48 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
     print(timing.line(), file=sys.stderr)
     return 0
+
+
+def _from_prompt_file(
+    path: Path, model: Any, generator: Generator, ids: np.ndarray
+) -> tuple[int, bool]:
+    """Copy the rows of the longest prefix the prompt shares with ``path`` into the new
+    generator, leaving at least two tokens to run (as the prompt is run without the file, so
+    the logits are the same); returns the tokens reused and whether to write ``path`` after."""
+    why = generator.kv_copy_obstacle
+    if why is not None:
+        print(f"warning: --prompt-cache is not used: {why}", file=sys.stderr)
+        return 0, False
+    if not path.exists():
+        return 0, True
+    context = model.spec.model.context_length or model.spec.generation.max_length
+    try:
+        fmt = FileFormat.single(model, generator.kv_rows)
+        tokens, rows = fmt.read(path, max_tokens=context, max_bytes=fmt.max_bytes(context),
+                                follow_links=True)  # fmt: skip
+    except (OSError, ValueError) as exc:
+        print(f"warning: prompt cache {path} is not used ({exc}): the whole prompt runs, and "
+              "the file is written anew after", file=sys.stderr)  # fmt: skip
+        return 0, True
+    n = max(0, min(tokens.size, len(ids) - 2))
+    differ = np.flatnonzero(tokens[:n] != ids[:n])
+    common = int(differ[0]) if differ.size else n
+    if common:
+        generator.append_kv(ids[:common], rows[:, :, :common])
+    print(f"prompt cache: reused {common} of {len(ids)} prompt tokens from {path}",
+          file=sys.stderr)  # fmt: skip
+    return common, False
+
+
+def _to_prompt_file(path: Path, model: Any, generator: Generator, ids: np.ndarray) -> None:
+    """Write the prompt's tokens and keys/values to ``path`` (a warning if it cannot be)."""
+    try:
+        rows = generator.read_kv(0, len(ids))
+        write_file(path, FileFormat.single(model, generator.kv_rows).encode(ids, rows))
+    except (OSError, GenaiRuntimeError) as exc:
+        print(f"warning: prompt cache {path} could not be written: {exc}", file=sys.stderr)
+        return
+    print(f"prompt cache: wrote {len(ids)} prompt tokens to {path}", file=sys.stderr)
 
 
 def _bench_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:

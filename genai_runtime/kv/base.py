@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import UnsupportedError
+from ..errors import GenerationError, UnsupportedError
 from ..session.device import HOST, Device
 
 if TYPE_CHECKING:
@@ -102,6 +102,25 @@ def move_rows(
         array[target] = array[source]  # the fancy-indexed read is a copy: overlaps are safe
 
 
+def host_obstacle(kind: str, device: Device) -> str | None:
+    """Why a ``kind`` cache on ``device`` cannot copy rows (None on the host)."""
+    if device.host:
+        return None
+    return f"a {kind} cache on {device} keeps its keys/values there; rows are copied on the host"
+
+
+def read_positions(arrays: Sequence[np.ndarray], start: int, end: int) -> np.ndarray:
+    """Positions ``start:end`` of batch row 0 of ``[B, H, S, D]`` arrays, stacked (a copy)."""
+    return np.stack([array[0, :, start:end] for array in arrays])
+
+
+def write_positions(arrays: Sequence[np.ndarray], start: int, rows: np.ndarray) -> None:
+    """``rows`` (``[tensors, H, n, D]``) into positions ``start...`` of batch row 0."""
+    end = start + rows.shape[2]
+    for array, part in zip(arrays, rows):
+        array[0, :, start:end] = part
+
+
 class PreallocatedBuffers:
     """For caches that allocate their whole buffers up front: a fixed capacity, and every
     buffer's bytes held from the start. On the host the buffers are NumPy arrays (``_arrays``)
@@ -160,6 +179,8 @@ class KVCache(Protocol):
     static_mask: ClassVar[bool]  # on a device, captured decode may feed the [B, max_length] mask
     can_rewind: ClassVar[bool]  # rewind_to any length it held (no eviction): speculation
     can_compact: ClassVar[bool]  # compact (keep one path of a token tree)
+    can_copy_rows: ClassVar[bool]  # read_rows / write_rows (prompt caches); see cannot_copy
+    cannot_copy: ClassVar[str]  # why a kind that declares can_copy_rows False cannot
     chunk: int | None  # a fixed-shape kind: the tokens each pass takes; None otherwise
     layout: KVLayout
     length: int
@@ -187,6 +208,22 @@ class KVCache(Protocol):
         """Keep the positions before ``start`` and those at ``keep`` (in order), moved to
         consecutive positions (token trees); only kinds that declare ``can_compact``."""
 
+    @property
+    def copy_obstacle(self) -> str | None:
+        """Why ``read_rows`` / ``write_rows`` cannot run on this cache (None: they can)."""
+
+    @property
+    def row_shape(self) -> tuple[np.dtype, tuple[int, int, int]]:
+        """The dtype and ``(tensors, heads, head size)`` of one position's rows."""
+
+    def read_rows(self, start: int, end: int) -> np.ndarray:
+        """A copy of positions ``start:end`` of batch row 0, every KV tensor stacked:
+        ``[tensors, heads, end - start, head size]``; only kinds that declare ``can_copy_rows``."""
+
+    def write_rows(self, start: int, rows: np.ndarray) -> None:
+        """Put ``rows`` (as ``read_rows`` returns them) at positions ``start...`` of batch row 0,
+        which then holds ``start + rows.shape[2]`` tokens (it must hold ``start`` already)."""
+
 
 class KVCacheBase:
     """The capability defaults of ``KVCache``: the least a kind can do. A kind subclasses this
@@ -199,7 +236,59 @@ class KVCacheBase:
     static_mask: ClassVar[bool] = False
     can_rewind: ClassVar[bool] = True
     can_compact: ClassVar[bool] = False
+    can_copy_rows: ClassVar[bool] = False
+    cannot_copy: ClassVar[str] = "copying its rows out and in is not built"
     chunk: int | None = None
+    layout: KVLayout
+    length: int
 
     def compact(self, start: int, keep: np.ndarray) -> None:
         raise UnsupportedError(f"a {self.kind} cache cannot keep one path of a token tree")
+
+    @property
+    def copy_obstacle(self) -> str | None:
+        if not self.can_copy_rows:
+            return f"a {self.kind} cache cannot copy its keys/values: {self.cannot_copy}"
+        return None
+
+    @property
+    def row_shape(self) -> tuple[np.dtype, tuple[int, int, int]]:
+        layout = self.layout
+        tensors = sum(len(p) for p in layout.past) * (2 if layout.format == "combined" else 1)
+        return np.dtype(layout.dtype), (tensors, layout.num_kv_heads, layout.head_size)
+
+    def read_rows(self, start: int, end: int) -> np.ndarray:
+        self._check_copy()
+        if not 0 <= start <= end <= self.length:
+            raise GenerationError(
+                f"positions {start}:{end} are not held by a {self.kind} cache of {self.length}"
+            )
+        if start == end:
+            dtype, (tensors, heads, size) = self.row_shape
+            return np.zeros((tensors, heads, 0, size), dtype)
+        return self._read(start, end)
+
+    def write_rows(self, start: int, rows: np.ndarray) -> None:
+        self._check_copy()
+        dtype, (tensors, heads, size) = self.row_shape
+        if rows.dtype != dtype or rows.ndim != 4 or rows.shape[:2] != (tensors, heads) or (
+                rows.shape[3] != size):  # fmt: skip
+            raise GenerationError(
+                f"rows {rows.dtype}{list(rows.shape)} do not fit a {self.kind} cache of "
+                f"{dtype}[{tensors}, {heads}, positions, {size}]"
+            )
+        if not 0 <= start <= self.length:
+            raise GenerationError(f"a {self.kind} cache holds {self.length} tokens, not {start}")
+        self._write(start, rows)
+        self.length = start + rows.shape[2]
+
+    def _check_copy(self) -> None:
+        why = self.copy_obstacle
+        if why is not None:
+            raise UnsupportedError(why)
+
+    def _read(self, start: int, end: int) -> np.ndarray:
+        raise UnsupportedError(self.copy_obstacle or "not built")
+
+    def _write(self, start: int, rows: np.ndarray) -> None:
+        raise UnsupportedError(self.copy_obstacle or "not built")

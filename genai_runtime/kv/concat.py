@@ -19,6 +19,7 @@ class ConcatCache(KVCacheBase):
     formats: ClassVar[tuple[str, ...]] = ("separate", "combined")
     on_device: ClassVar[bool] = True
     can_compact: ClassVar[bool] = True
+    can_copy_rows: ClassVar[bool] = True  # through the host, wherever the tensors live
 
     def __init__(self, layout: KVLayout, batch_size: int, max_length: int, device: Device = HOST):
         self.layout = layout
@@ -78,3 +79,25 @@ class ConcatCache(KVCacheBase):
         axis = self.layout.seq_axis
         self._past = self.device.take_many(self._past, index, axis)
         self.length = index.size
+
+    def _read(self, start: int, end: int) -> np.ndarray:
+        parts = []
+        for value in self._past:
+            array = self.device.download(value)
+            if self.layout.format == "combined":  # [2, B, H, S, D]: keys, then values
+                parts.extend(array[:, 0, :, start:end])
+            else:
+                parts.append(array[0, :, start:end])
+        return np.stack(parts)
+
+    def _write(self, start: int, rows: np.ndarray) -> None:
+        combined = self.layout.format == "combined"
+        per = 2 if combined else 1
+        axis = self.layout.seq_axis
+        past = []
+        for i, value in enumerate(self._past):
+            kept = np.take(self.device.download(value), np.arange(start), axis=axis)
+            part = rows[i * per : (i + 1) * per]  # [per, H, n, D]
+            new = part[:, None] if combined else part  # [2, 1, H, n, D] or [1, H, n, D]
+            past.append(self.device.upload(np.concatenate([kept, new], axis=axis)))
+        self._past = past

@@ -51,3 +51,18 @@ class DriverFed(KVCacheBase):
 
     def reorder(self, rows: np.ndarray) -> None:
         self.inner.reorder(rows)
+
+    # Rows are the wrapped cache's; the drivers follow the positions the executor records.
+    @property
+    def copy_obstacle(self) -> str | None:
+        return self.inner.copy_obstacle
+
+    @property
+    def row_shape(self) -> tuple[np.dtype, tuple[int, int, int]]:
+        return self.inner.row_shape
+
+    def read_rows(self, start: int, end: int) -> np.ndarray:
+        return self.inner.read_rows(start, end)
+
+    def write_rows(self, start: int, rows: np.ndarray) -> None:
+        self.inner.write_rows(start, rows)

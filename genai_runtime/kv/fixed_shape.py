@@ -70,6 +70,10 @@ class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
     kind: ClassVar[str]
     uses_positions: ClassVar[bool] = True
     left_padded: ClassVar[bool]  # where padding goes inside a chunk
+    cannot_copy: ClassVar[str] = (
+        "the fixed-chunk pass writes its rows and keeps each row's count of valid slots; "
+        "copying rows in past that bookkeeping is not built"
+    )
 
     def __init__(
         self, layout: KVLayout, batch_size: int, max_length: int, positions: PositionState
@@ -223,6 +227,10 @@ class StaticFifoCache(_FixedShapeCache):
     # The FIFO drops its oldest rows: a rewind past them fails, so no speculation.
     can_rewind: ClassVar[bool] = False
     left_padded: ClassVar[bool] = True
+    cannot_copy: ClassVar[str] = (
+        "the FIFO slides its rows left on every pass (the newest at the last slot), so a "
+        "position does not sit at a slot of its own"
+    )
 
     @property
     def evicted(self) -> bool:

@@ -14,7 +14,15 @@ import numpy as np
 from ..errors import GenerationError
 from ..session.bound import BoundSession
 from ..session.device import HOST, Device
-from .base import KVCacheBase, KVLayout, PreallocatedBuffers, bind_in_place
+from .base import (
+    KVCacheBase,
+    KVLayout,
+    PreallocatedBuffers,
+    bind_in_place,
+    host_obstacle,
+    read_positions,
+    write_positions,
+)
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -26,6 +34,7 @@ class GraphScatteredCache(PreallocatedBuffers, KVCacheBase):
     kind: ClassVar[str] = "graph-scattered"
     uses_positions: ClassVar[bool] = True
     on_device: ClassVar[bool] = True  # the graph writes its buffers in place
+    can_copy_rows: ClassVar[bool] = True  # on the host: each row sits at its position
 
     def __init__(
         self,
@@ -72,3 +81,18 @@ class GraphScatteredCache(PreallocatedBuffers, KVCacheBase):
     def reorder(self, rows: np.ndarray) -> None:
         if self._move_rows(rows, (slice(None), slice(0, self.length))):
             self._bound.clear()  # new tensors: every stage binds them again
+
+    @property
+    def copy_obstacle(self) -> str | None:
+        return host_obstacle(self.kind, self._device)
+
+    def _read(self, start: int, end: int) -> np.ndarray:
+        return read_positions(self._arrays, start, end)
+
+    def _write(self, start: int, rows: np.ndarray) -> None:
+        if start + rows.shape[2] > self._capacity:
+            raise GenerationError(
+                f"{self.layout.file}: {start + rows.shape[2]} positions exceed the graph's "
+                f"fixed context of {self._capacity}"
+            )
+        write_positions(self._arrays, start, rows)

@@ -29,7 +29,15 @@ import onnxruntime as ort
 
 from ..session.bound import BoundSession
 from ..session.device import HOST, Device
-from .base import KVCacheBase, KVLayout, bind_in_place, move_rows
+from .base import (
+    KVCacheBase,
+    KVLayout,
+    bind_in_place,
+    host_obstacle,
+    move_rows,
+    read_positions,
+    write_positions,
+)
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -68,6 +76,7 @@ class ShareBufferCache(KVCacheBase):
     # each row's length from the mask's sum, so the width changes only how it splits its work.
     static_mask: ClassVar[bool] = True
     can_compact: ClassVar[bool] = True
+    can_copy_rows: ClassVar[bool] = True  # on the host: rows sit at their positions
 
     def __init__(self, layout: KVLayout, batch_size: int, max_length: int, device: Device = HOST):
         if layout.format != "separate":
@@ -169,6 +178,19 @@ class ShareBufferCache(KVCacheBase):
             return
         # On the host in place, only the positions held: the buffers stay bound as they are.
         move_rows(self._arrays, rows, 0, (slice(None), slice(0, self.length)))
+
+    @property
+    def copy_obstacle(self) -> str | None:
+        return host_obstacle(self.kind, self.device)
+
+    def _read(self, start: int, end: int) -> np.ndarray:
+        return read_positions(self._arrays, start, end)
+
+    def _write(self, start: int, rows: np.ndarray) -> None:
+        end = start + rows.shape[2]
+        self.reserve(end)
+        write_positions(self._arrays, start, rows)
+        self._high = max(self._high, end)
 
     def compact(self, start: int, keep: np.ndarray) -> None:
         """Keep the tokens before ``start`` and those at positions ``keep`` (in order), moved

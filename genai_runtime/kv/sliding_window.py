@@ -27,6 +27,10 @@ class SlidingWindowCache(KVCacheBase):
     kind: ClassVar[str] = "sliding-window"
     # Windowed layers evict: a rewind past what they dropped fails, so no speculation.
     can_rewind: ClassVar[bool] = False
+    cannot_copy: ClassVar[str] = (
+        "its windowed layers keep the last window + slack positions in a buffer that the kernel "
+        "rotates in place, so a position does not sit at an offset a copy could address"
+    )
 
     def __init__(self, layout: KVLayout, batch_size: int, max_length: int):
         if layout.format != "separate" or not layout.window:

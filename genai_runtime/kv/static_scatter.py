@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import GenerationError, ModelError
 from ..session.bound import BoundSession
 from ..session.device import HOST, Device
-from .base import KVCacheBase, KVLayout, PreallocatedBuffers, bind_in_place
+from .base import KVCacheBase, KVLayout, PreallocatedBuffers, bind_in_place, host_obstacle
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -49,6 +49,8 @@ class StaticScatterCache(PreallocatedBuffers, KVCacheBase):
     formats: ClassVar[tuple[str, ...]] = ("scatter",)
     uses_positions: ClassVar[bool] = True
     on_device: ClassVar[bool] = True  # the graph writes its buffers; only drivers are fed
+    # On the host: row p of a batch entry is position p, its kv_hidden split into heads.
+    can_copy_rows: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -109,3 +111,31 @@ class StaticScatterCache(PreallocatedBuffers, KVCacheBase):
     def buffers(self) -> list[np.ndarray]:
         """The key/value arrays the graph writes in place, in ``layout.past`` order (host)."""
         return self._arrays
+
+    @property
+    def copy_obstacle(self) -> str | None:
+        layout = self.layout
+        width = layout.num_kv_heads * layout.head_size
+        if any(hidden != width for hidden in layout.hidden_sizes):
+            return (
+                f"a {self.kind} cache whose tensors' kv_hidden {list(layout.hidden_sizes)} are "
+                f"not {layout.num_kv_heads} heads x {layout.head_size} cannot copy rows by head"
+            )
+        return host_obstacle(self.kind, self._device)
+
+    def _read(self, start: int, end: int) -> np.ndarray:
+        _, (_, heads, size) = self.row_shape
+        n = end - start
+        return np.stack(
+            [a[0, start:end].reshape(n, heads, size).transpose(1, 0, 2) for a in self._arrays]
+        )
+
+    def _write(self, start: int, rows: np.ndarray) -> None:
+        n = rows.shape[2]
+        if start + n > self._capacity:
+            raise GenerationError(
+                f"{self.layout.file}: {start + n} positions exceed the static KV cache's "
+                f"max_seq_len {self._capacity}"
+            )
+        for array, part in zip(self._arrays, rows):
+            array[0, start : start + n] = part.transpose(1, 0, 2).reshape(n, -1)

@@ -323,6 +323,62 @@ class Executor:
                 self._init_done = False  # the next prompt is a new source
         self._final_done = False
 
+    # -- copying a prompt's keys/values out and in (prompt caches) ----------------------------
+
+    @property
+    def copy_obstacle(self) -> str | None:
+        """Why ``read_kv`` / ``write_kv`` cannot run here (None: they can): they need batch 1,
+        a cache kind that copies rows, and no state besides it (init stages, recurrences)."""
+        if self.cache is None:
+            return "the model keeps no self-attention KV cache"
+        if self.batch_size != 1:
+            return f"rows are copied at batch size 1, not {self.batch_size}"
+        if self._init_stages:
+            return "init stages (an encoder or vision tower) read inputs that rows do not carry"
+        if any(stage.recurrent for stage in self.stages):
+            return "a recurrent state is carried from pass to pass, not kept per position"
+        return self.cache.copy_obstacle
+
+    @property
+    def kv_rows(self) -> tuple[np.dtype, tuple[int, int, int]]:
+        """The dtype and ``(tensors, heads, head size)`` of one position's keys/values."""
+        self._check_copy()
+        return self.cache.row_shape
+
+    def read_kv(self, start: int, end: int) -> np.ndarray:
+        """A copy of the keys/values of positions ``start:end`` (tokens already run), every KV
+        tensor stacked: ``[tensors, heads, end - start, head size]``."""
+        self._check_copy()
+        return self.cache.read_rows(start, end)
+
+    def write_kv(self, start: int, rows: np.ndarray) -> None:
+        """Keep the first ``start`` tokens and put ``rows`` (as ``read_kv`` gives them) after
+        them, as if their tokens had run: the next pass continues after them. No logits come
+        with them (a pass over the tokens after them gives those)."""
+        self._check_copy()
+        dtype, shape = self.cache.row_shape
+        n = rows.shape[2] if rows.ndim == 4 else 0
+        if rows.dtype != dtype or rows.shape[:2] + rows.shape[3:] != (*shape[:2], shape[2]):
+            raise GenerationError(
+                f"rows {rows.dtype}{list(rows.shape)} do not fit this model's keys/values "
+                f"{dtype}[{shape[0]}, {shape[1]}, positions, {shape[2]}]"
+            )
+        if not 0 <= start <= self.length or start + n > self.max_length:
+            raise GenerationError(
+                f"{n} positions at {start} do not fit: {self.length} tokens held, max_length "
+                f"{self.max_length}"
+            )
+        self.rewind_to(start)
+        self.cache.write_rows(start, rows)
+        self.positions.update(np.zeros((1, n), np.int64))  # batch 1: only the count matters
+        self._last_position_pass = False
+        self._final_done = False
+
+    def _check_copy(self) -> None:
+        why = self.copy_obstacle
+        if why is not None:
+            raise UnsupportedError(f"cannot copy keys/values: {why}")
+
     def snapshot(self) -> None:
         """Keep the recurrent state at this length for ``rewind_to`` it (the reference's
         ``snapshot_state``). Each pass allocates new state outputs, so holding them is a copy."""

@@ -88,6 +88,12 @@ search_keys = st.sampled_from(
      "num_beams", "random_seed", "repetition_penalty", "chunk_size", "bogus"]
 )  # fmt: skip
 
+
+def _kv_rows(n: int) -> np.ndarray:
+    """Rows of the 2-layer model's shape (4 tensors, 3 heads, head size 64) for ``n`` tokens."""
+    return np.zeros((4, 3, n, 64), np.float32)
+
+
 calls = st.one_of(
     st.tuples(st.just("append_tokens"), token_lists),
     st.tuples(st.just("generate_next_token")),
@@ -102,6 +108,10 @@ calls = st.one_of(
     st.tuples(st.just("get_output"), names),
     st.tuples(st.just("get_input"), names),
     st.tuples(st.just("set_model_input"), names, arrays),
+    st.tuples(st.just("read_kv"), st.one_of(st.integers(-2, 25), values), st.integers(-2, 25)),
+    st.tuples(
+        st.just("append_kv"), token_lists, st.one_of(arrays, st.builds(_kv_rows, st.integers(0, 4)))
+    ),
     st.tuples(st.just("next")),
     st.tuples(st.just("params"), search_keys, values),
     st.tuples(st.just("stream_decode"), st.one_of(st.integers(-5, 60000), values)),
