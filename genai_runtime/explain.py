@@ -258,35 +258,18 @@ def providers_text(providers: list[Mapping[str, Any]]) -> str:
     return ", ".join(shares) + " (a partition: the graph is split between them)"
 
 
-# Why the server's prompt cache (serve --prompt-cache-mb) cannot hold a kind's rows. It copies
-# keys/values out of and into the rows of the server's batched slots, which hold a share-buffer
-# cache as host arrays; every other kind runs in interleaved slots, one executor per request.
-_NO_ROW_COPY = (
-    "the server interleaves it, one executor per request, and executors offer no copy of their rows"
-)
-_PROMPT_CACHE_OBSTACLES = {
-    "concat": "each pass returns a new present tensor; " + _NO_ROW_COPY,
-    "static-scatter": "rows are scattered into a graph-sized buffer; " + _NO_ROW_COPY,
-    "graph-scattered": "the graph scatters rows at positions the runtime feeds; " + _NO_ROW_COPY,
-    "static-index-copy": "fixed-shape chunks write rows the runtime places; " + _NO_ROW_COPY,
-    "static-fifo": "the buffer slides and drops its oldest rows, so a position has no fixed row",
-    "sliding-window": "windowed layers evict rows inside the kernel, so a prefix is not all held",
-}
-
-
 def prompt_cache_note(kind: str | None, device: Device) -> str:
     """Whether the server's prompt cache works for a KV cache ``kind`` on ``device``, and why
-    not."""
+    not: it copies a prompt's rows out of a request's slot and into another's, which each kind
+    declares it can or cannot do."""
     if kind is None:
         return "no: no cache kind handles this layout"
-    if kind in _PROMPT_CACHE_OBSTACLES:
-        return f"no: {_PROMPT_CACHE_OBSTACLES[kind]}"
-    if not device.host:
+    kind_class = CACHE_KINDS[kind]
+    if not kind_class.can_copy_rows:
+        return f"no: {kind_class.cannot_copy}"
+    if not device.host and not kind_class.copies_from_device:
         return f"no: the rows live on {device}; the prompt cache copies rows held on the host"
-    return (
-        "yes, where the server batches the model (serve --prompt-cache-mb; not with LoRA "
-        "adapters or --interleave, which interleave requests)"
-    )
+    return "yes (serve --prompt-cache-mb; requests with a LoRA adapter do not use it)"
 
 
 def _kv(pipeline: LoadedPipeline) -> dict[str, Any] | None:

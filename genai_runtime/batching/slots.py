@@ -40,11 +40,6 @@ class InterleavedSlots:
     a request with another adapter (or none) gets a fresh executor, as tensors stay bound."""
 
     kind = "interleaved"
-    # Each slot's keys/values live in its executor's cache, which offers no copy of its rows.
-    copy_obstacle: str | None = (
-        "interleaved slots keep each request's keys/values in a per-slot executor whose cache "
-        "offers no copy of its rows"
-    )
 
     def __init__(
         self,
@@ -61,6 +56,9 @@ class InterleavedSlots:
         self._adapters = adapters
         self._slots: list[Executor | None] = [None] * num_slots
         self._slot_adapter: list[str | None] = [None] * num_slots
+        # Rows are copied through each slot's executor when its cache kind can (the prompt
+        # cache's; requests with an adapter never use it): slot 0's, made now, says.
+        self.copy_obstacle: str | None = self._executor(0, None).copy_obstacle
 
     def _executor(self, slot: int, adapter: str | None) -> Executor:
         ex = self._slots[slot]
@@ -104,11 +102,21 @@ class InterleavedSlots:
     def release(self, slot: int) -> None:
         """Nothing to free: the executor (and its cache) stays for prefix reuse."""
 
+    @property
+    def row_shape(self) -> tuple[np.dtype, tuple[int, int, int]]:
+        """As ``BatchedSlots.row_shape``: one position's keys/values."""
+        return self._executor(0, self._slot_adapter[0]).kv_rows
+
     def read_rows(self, slot: int, start: int, end: int) -> np.ndarray:
-        raise UnsupportedError(f"cannot copy keys/values out: {self.copy_obstacle}")
+        """Positions ``start:end`` of the slot's keys/values, as ``BatchedSlots.read_rows``."""
+        ex = self._slots[slot]
+        if ex is None:
+            raise ModelError(f"slot {slot} holds no tokens")
+        return ex.read_kv(start, end)
 
     def write_rows(self, slot: int, start: int, rows: np.ndarray) -> None:
-        raise UnsupportedError(f"cannot copy keys/values in: {self.copy_obstacle}")
+        """Put ``rows`` at positions ``start...`` of the slot (a request without an adapter)."""
+        self._executor(slot, None).write_kv(start, rows)
 
 
 class BatchedSlots:

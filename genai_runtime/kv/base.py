@@ -238,6 +238,7 @@ class KVCacheBase:
     can_compact: ClassVar[bool] = False
     can_copy_rows: ClassVar[bool] = False
     cannot_copy: ClassVar[str] = "copying its rows out and in is not built"
+    copies_from_device: ClassVar[bool] = False  # rows on a device are copied through the host
     chunk: int | None = None
     layout: KVLayout
     length: int

@@ -19,7 +19,8 @@ class ConcatCache(KVCacheBase):
     formats: ClassVar[tuple[str, ...]] = ("separate", "combined")
     on_device: ClassVar[bool] = True
     can_compact: ClassVar[bool] = True
-    can_copy_rows: ClassVar[bool] = True  # through the host, wherever the tensors live
+    can_copy_rows: ClassVar[bool] = True
+    copies_from_device: ClassVar[bool] = True  # through the host, wherever the tensors live
 
     def __init__(self, layout: KVLayout, batch_size: int, max_length: int, device: Device = HOST):
         self.layout = layout

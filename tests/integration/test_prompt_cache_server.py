@@ -23,7 +23,7 @@ from genai_runtime.cli import build_parser
 from genai_runtime.errors import GenaiRuntimeError
 from genai_runtime.explain import explain_model, format_report, prompt_cache_note
 from genai_runtime.server import ServeOptions, ServerHandle
-from genai_runtime.session.device import HOST
+from genai_runtime.session.device import HOST, Device
 
 SMALL = "smollm2-135m-instruct-int4-2layers"
 SYSTEM = (
@@ -72,9 +72,9 @@ def _conversations(handle: ServerHandle, system: str = SYSTEM) -> tuple[list, li
     return replies, cached
 
 
-def _plain(folder: Path) -> ServerHandle:
+def _plain(folder: Path, **options) -> ServerHandle:
     return ServerHandle(str(folder), port=0, max_active=1, prompt_cache_mb=0,
-                        prefix_reuse=False).start()  # fmt: skip
+                        prefix_reuse=False, **options).start()  # fmt: skip
 
 
 def _cached(folder: Path, cache_dir: Path, **options) -> ServerHandle:
@@ -82,18 +82,20 @@ def _cached(folder: Path, cache_dir: Path, **options) -> ServerHandle:
                         **options).start()  # fmt: skip
 
 
-@pytest.mark.parametrize("which", ["fp32", "int4-level4"])
+@pytest.mark.parametrize("which", ["fp32", "int4-level4", "int4-interleaved"])
 def test_greedy_replies_equal_with_the_cache_on_off_and_after_a_restart(
     which, fp32_folder, tmp_path
 ):
+    """Interleaved slots (one executor per request) copy rows through the executor's cache."""
     folder = fp32_folder if which == "fp32" else require_shared("models", SMALL)
-    plain = _plain(folder)
+    options = {"batched": False} if which == "int4-interleaved" else {}
+    plain = _plain(folder, **options)
     try:
         want, none = _conversations(plain)
     finally:
         plain.stop()
     assert not any(none)
-    handle = _cached(folder, tmp_path)
+    handle = _cached(folder, tmp_path, **options)
     try:
         got, cached = _conversations(handle)
         stats = handle.state.engine.prompt_cache.stats
@@ -102,7 +104,7 @@ def test_greedy_replies_equal_with_the_cache_on_off_and_after_a_restart(
     assert got == want
     assert cached[0] == 0 and all(c >= 32 for c in cached[1:])
     assert cached[3] >= 32 and stats.hits >= 5  # beta's first turn: from the cache, not the slot
-    restarted = _cached(folder, tmp_path)
+    restarted = _cached(folder, tmp_path, **options)
     try:
         again, cached = _conversations(restarted)
         engine = restarted.state.engine
@@ -170,28 +172,20 @@ def test_a_truncated_and_an_altered_file_are_ignored_with_a_warning(tmp_path):
     assert logs[0].count("is not used and is removed") == 2
 
 
-def test_an_interleaved_server_says_why_it_has_no_prompt_cache():
-    handle = ServerHandle(str(require_shared("models", SMALL)), port=0, batched=False).start()
-    try:
-        engine = handle.state.engine
-        assert engine.prompt_cache is None
-        assert engine.prompt_cache_note.startswith("off: interleaved slots")
-        assert "genai_prompt_cache" not in httpx.get(handle.url + "/metrics").text
-        _chat(handle, [{"role": "user", "content": "Hi."}], max_tokens=2)
-    finally:
-        handle.stop()
-
-
 def test_explain_says_which_cache_kinds_the_prompt_cache_serves(smollm2_2layers_dir):
     import genai_runtime as og
 
     report = explain_model(og.Model(str(smollm2_2layers_dir)))
     assert report["graphs"]["kv_cache"]["prompt_cache"].startswith("yes")
     assert "prompt cache (server): yes" in format_report(report)
-    for kind in ("concat", "static-scatter", "graph-scattered", "static-index-copy",
-                 "static-fifo", "sliding-window"):  # fmt: skip
+    for kind in ("concat", "static-scatter", "graph-scattered"):
+        assert prompt_cache_note(kind, HOST).startswith("yes"), kind
+    for kind in ("static-index-copy", "static-fifo", "sliding-window"):
         assert prompt_cache_note(kind, HOST).startswith("no: "), kind
     assert prompt_cache_note(None, HOST).startswith("no: ")
+    cuda = Device("cuda", 0)
+    assert prompt_cache_note("concat", cuda).startswith("yes")  # copied through the host
+    assert prompt_cache_note("share-buffer", cuda).startswith("no: the rows live on cuda:0")
 
 
 def test_prompt_cache_options_are_checked():
