@@ -130,6 +130,8 @@ class Row:
     ahead: np.ndarray | None = None
     round: tuple[int, int, bool] | None = None  # (drafts verified, their bucket, a probe)
     kept: int = 0  # drafts of this round kept so far
+    drafted: int = 0  # drafts verified over the row's life
+    accepted: int = 0  # of them, kept
 
     @property
     def pending(self) -> int:
@@ -314,6 +316,8 @@ class DecodeCore:
         if row.round is not None:
             proposed, bucket, probe = row.round
             row.speculator.kept(row.kept, proposed, bucket)
+            row.drafted += proposed
+            row.accepted += row.kept
             self.speculation.proposed += proposed
             self.speculation.accepted += row.kept
             if probe:

@@ -102,8 +102,10 @@ _FINISH = {
 
 
 class _Turn:
-    def __init__(self, turn_id: int, policy: TurnPolicy, prompt_tokens: int, stops: Any):
+    def __init__(self, turn_id: int, policy: TurnPolicy, prompt_tokens: int, stops: Any, row: Row):
         self.id = turn_id
+        self.row = row
+        self.drafted_before, self.accepted_before = row.drafted, row.accepted
         self.policy = policy
         self.prompt_tokens = prompt_tokens
         self.cached = 0  # of its input tokens, copied from the prompt cache
@@ -112,7 +114,11 @@ class _Turn:
         self.stops: tuple[Any, StopMatcher] | None = stops  # (tokenizer stream, matcher)
 
     def usage(self) -> TurnUsage:
-        return TurnUsage(self.prompt_tokens, self.generated, self.cached)
+        row = self.row
+        return TurnUsage(
+            self.prompt_tokens, self.generated, self.cached,
+            row.drafted - self.drafted_before, row.accepted - self.accepted_before,
+        )  # fmt: skip
 
 
 class _Session:
@@ -187,7 +193,9 @@ class Engine:
     docstring); ``prompt_cache_note`` says what it is, or why there is none.
     """
 
-    def __init__(self, model: Model, *, prompt_cache_mb: int = DEFAULT_MEMORY_MB):
+    def __init__(
+        self, model: Model, *, prompt_cache_mb: int = DEFAULT_MEMORY_MB, speculate: int = 0
+    ):
         if not isinstance(model, Model):
             raise EngineTypeError(f"Engine expects a Model, got {type(model).__name__}")
         self._owner = threading.get_ident()
@@ -197,7 +205,7 @@ class Engine:
         self._max_length = search.max_length
         self._core = DecodeCore(
             model, num_slots=MAX_BATCH, context=max(1, search.max_length), min_rows=1,
-            stop_policy=_STOP_POLICY,
+            stop_policy=_STOP_POLICY, speculate=unsigned("speculate", speculate, bits=5),
         )  # fmt: skip
         self._prompt_cache: PromptCache | None
         self._prompt_cache, self.prompt_cache_note = open_prompt_cache(
@@ -281,16 +289,22 @@ class Engine:
         return EngineCapabilities(configured_max_batch_size=MAX_BATCH)
 
     def get_speculative_stats(self) -> dict:
-        """The reference's speculative telemetry; this engine drafts nothing, so only
-        ``target_forward_passes`` counts."""
+        """The reference's speculative telemetry keys. Without ``speculate`` this engine drafts
+        nothing and only ``target_forward_passes`` counts; with it, the prompt-lookup drafts its
+        verify passes checked (``rounds``: passes that verified drafts)."""
         stats: dict[str, Any] = dict.fromkeys(_SPECULATIVE_STATS, 0)
         stats["target_forward_passes"] = self._passes
-        stats["acceptance_rate"] = 0.0
+        spec = self._core.speculation
+        stats["rounds"] = stats["completed_rounds"] = spec.passes
+        stats["draft_tokens_proposed"] = stats["draft_tokens_evaluated"] = spec.proposed
+        stats["draft_tokens_accepted"] = spec.accepted
+        stats["effective_k"] = self._core.speculate
+        stats["acceptance_rate"] = spec.accepted / spec.proposed if spec.proposed else 0.0
         stats["acceptance_length_histogram"] = [0] * 8
         return stats
 
     def max_draft_tokens_per_proposal(self) -> int:
-        return 0
+        return self._core.speculate
 
     @property
     def prompt_cache(self) -> PromptCache | None:
@@ -342,7 +356,7 @@ class Engine:
         picker.start(len(history))
         if policy.seed is not None:
             s.row.rng = make_rng(policy.seed % (1 << 63))
-        s.turn = _Turn(turn_id, policy, int(ids.size), stops)
+        s.turn = _Turn(turn_id, policy, int(ids.size), stops, s.row)
         if s in self._batch and s.row.slot >= 0:  # a resident member continues in its batch
             s.state = _Session.ACTIVE
         else:
@@ -547,12 +561,22 @@ class Engine:
                 self._finish(s, FinishReason.FAILED, code=EngineErrorCode.REQUEST_UNSERVICEABLE)
 
     def _choose(self, s: _Session) -> None:
+        """The turn's next token, and those after it while a verify pass scored them."""
+        try:
+            while self._choose_one(s) and self._core.follow(s.row):
+                pass
+        finally:
+            self._core.settle(s.row)
+
+    def _choose_one(self, s: _Session) -> bool:
+        """One token for the turn; False when the turn ended."""
         turn, row = s.turn, s.row
         # The policy lets a finished grammar's turn go on to the EOS it forces, as the
         # reference reports it: that EOS is taken as chosen, without a choice.
         if turn.grammar_done:
             row.logits = None
-            return self._finish(s, FinishReason.EOS)
+            self._finish(s, FinishReason.EOS)
+            return False
         token, turn.grammar_done, _ = self._core.choose(row)
         matched: list[int] = []
         reason = self._core.stop_after(
@@ -560,19 +584,23 @@ class Engine:
             context=s.max_session, complete=turn.grammar_done,
             stop_string=lambda: self._stop_string(turn, token, matched),
         )  # fmt: skip
+        if reason is not None:  # a verify round cut short counts its drafts in the usage
+            self._core.settle(row)
         if reason is StopReason.EOS:  # never part of the request's tokens (the policy)
-            return self._finish(s, FinishReason.EOS)
+            self._finish(s, FinishReason.EOS)
+            return False
         turn.generated += 1
         handle = s.handle()
         if reason is None:
             self._events.append(EngineEvent(TOKEN, handle, turn.id, token))
-            return
+            return True
         s.state = _Session.COMPLETE
         index = matched[0] if matched else None
         event = EngineEvent(
             TOKEN | FINISHED, handle, turn.id, token, _FINISH[reason], index, usage=turn.usage()
         )
         self._events.append(event)
+        return False
 
     def _stop_string(self, turn: _Turn, token: int, matched: list[int]) -> bool:
         """Feed the token's text to the turn's matcher; a completed stop string's index goes

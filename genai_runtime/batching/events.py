@@ -19,11 +19,14 @@ from .options import EngineError, EngineErrorCode, EngineEventFlags, FinishReaso
 class TurnUsage:
     """Token counts of one turn: the input ``begin_turn`` took, the tokens it generated, and how
     many of that input were copied from the engine's prompt cache instead of run (the
-    reference's CPU engine has no prompt cache and reports 0)."""
+    reference's CPU engine has no prompt cache and reports 0); with speculation, the drafted
+    tokens its passes verified and how many of them it kept."""
 
     prompt_tokens: int = 0
     generated_tokens: int = 0
     cached_prompt_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 NO_USAGE = TurnUsage()

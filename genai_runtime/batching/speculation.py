@@ -23,7 +23,7 @@ import numpy as np
 from ..speculative.adaptive import AdaptiveK
 from ..speculative.proposers.ngram import NgramProposer
 
-MAX_DRAFTS = 32  # the most drafts per row per pass a server may be asked for
+MAX_DRAFTS = 31  # the most drafts per row per pass (five bits, as the Engine API checks it)
 _PRIOR_EXTRA = 0.4  # cost of each extra token per row, as a share of a one-token step
 _FIRST_WAIT, _LONGEST_WAIT = 4, 64
 

@@ -155,7 +155,8 @@ def verify_session(
     options = session_options(spec.options, model_dir, False, where)
     options.add_session_config_entry(_EXTERNAL, str(path.parent))
     # It takes turns with the decoder's own session: its threads must not spin after a run.
-    options.add_session_config_entry(STOP_SPINNING, "1")
+    if STOP_SPINNING not in spec.options.config_entries:
+        options.add_session_config_entry(STOP_SPINNING, "1")
     try:
         session = ort.InferenceSession(data, sess_options=options, providers=[_CPU])
     except Exception as exc:  # onnxruntime raises several unrelated types

@@ -529,12 +529,16 @@ def _usage(usages: list[dict[str, Any]], n: int, prompts: int) -> dict[str, Any]
     prompt_tokens = sum(usages[i * n]["prompt_tokens"] for i in range(prompts))
     completion = sum(u["completion_tokens"] for u in usages)
     cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
-    return {
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    details = [u["completion_tokens_details"] for u in usages if "completion_tokens_details" in u]
+    if details:  # speculation's drafts, kept and thrown away
+        out["completion_tokens_details"] = {k: sum(d[k] for d in details) for k in details[0]}
+    return out
 
 
 async def _watch_disconnect(request: Request, eng: ServerEngine, jobs: list[Job]) -> None:

@@ -473,12 +473,19 @@ class ServerEngine:
             job.sent = max(job.sent, len(upto))
 
     def _done(self, job: Job, reason: str) -> None:
+        self.core.settle(job.row)  # a round cut short by the stop counts its drafts first
         usage = {
             "prompt_tokens": len(job.prompt),
             "completion_tokens": job.generated,
             "total_tokens": len(job.prompt) + job.generated,
             "prompt_tokens_details": {"cached_tokens": job.reused},
         }
+        row = job.row
+        if self.core.speculate:  # OpenAI's names for drafted tokens kept and thrown away
+            usage["completion_tokens_details"] = {
+                "accepted_prediction_tokens": row.accepted,
+                "rejected_prediction_tokens": row.drafted - row.accepted,
+            }
         self._finish(job, reason)
         self._count("ok")
         job.emit("done", reason, usage)

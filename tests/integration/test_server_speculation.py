@@ -105,7 +105,8 @@ def test_speculation_keeps_greedy_and_seeded_replies_exact(fp32_folder: Path) ->
         handle.stop()
     handle = _serve(fp32_folder, 6)
     try:
-        spec = _answers(_together(handle, greedy)), _answers(_together(handle, sampled))
+        spec_replies = _together(handle, greedy)
+        spec = _answers(spec_replies), _answers(_together(handle, sampled))
         counters = _metrics(handle)
     finally:
         handle.stop()
@@ -115,6 +116,9 @@ def test_speculation_keeps_greedy_and_seeded_replies_exact(fp32_folder: Path) ->
         # a pass of several tokens sums attention in another order: fp32 rounding, no more
         np.testing.assert_allclose([p for _, p in ours[1]], [p for _, p in theirs[1]], atol=1e-4)
     assert [a[2] for a in spec[0]] == [a[2] for a in plain[0]]
+    details = [r["usage"]["completion_tokens_details"] for r in spec_replies]
+    assert sum(d["accepted_prediction_tokens"] for d in details) > 0
+    assert all(d["rejected_prediction_tokens"] >= 0 for d in details)
     assert counters["genai_speculative_passes_total"] > 0
     assert counters["genai_speculative_accepted_tokens_total"] > 0
     assert (counters["genai_speculative_accepted_tokens_total"]
@@ -159,7 +163,45 @@ def test_width_choice_weighs_acceptance_against_cost() -> None:
 
 
 def test_speculate_option_is_checked() -> None:
-    with pytest.raises(GenaiRuntimeError, match="speculate must be an integer from 0 to 32"):
-        ServeOptions(speculate=33)
+    with pytest.raises(GenaiRuntimeError, match="speculate must be an integer from 0 to 31"):
+        ServeOptions(speculate=32)
     with pytest.raises(GenaiRuntimeError, match="speculate"):
         ServeOptions(speculate=True)
+
+
+def _engine_tokens(model: og.Model, speculate: int) -> tuple[list, list, dict]:
+    """Four requests begun together, greedy, 40 tokens each: their tokens, their last turn's
+    usage and the engine's speculative stats."""
+    engine = og.Engine(model, speculate=speculate)
+    tokenizer = og.Tokenizer(model)
+    requests = []
+    for text in PROMPTS:
+        request = engine.create_request()
+        options = og.TurnOptions(request)
+        options.set_max_generated_tokens(40)
+        request.begin_turn(np.asarray(tokenizer.encode(text), np.int32), options)
+        requests.append(request)
+    tokens: dict = {r: [] for r in requests}
+    usage: dict = {}
+    buffer = engine.create_event_buffer(8)
+    while engine.has_pending_requests():
+        for event in engine.run(buffer):
+            if event.flags & og.EngineEventFlags.TOKEN:
+                tokens[event.request].append(event.token)
+            if event.flags & og.EngineEventFlags.TURN_FINISHED:
+                usage[event.request] = event.usage
+    return [tokens[r] for r in requests], [usage[r] for r in requests], (
+        engine.get_speculative_stats())  # fmt: skip
+
+
+def test_engine_api_speculates_with_the_same_tokens(fp32_folder: Path) -> None:
+    model = og.Model(str(fp32_folder))
+    plain, plain_usage, plain_stats = _engine_tokens(model, 0)
+    spec, usage, stats = _engine_tokens(model, 6)
+    assert spec == plain
+    assert all(u.draft_tokens == 0 for u in plain_usage) and plain_stats["rounds"] == 0
+    assert sum(u.accepted_draft_tokens for u in usage) == stats["draft_tokens_accepted"] > 0
+    assert sum(u.draft_tokens for u in usage) == stats["draft_tokens_proposed"]
+    assert stats["target_forward_passes"] < plain_stats["target_forward_passes"]
+    with pytest.raises(TypeError, match="speculate"):
+        og.Engine(model, speculate=32)
