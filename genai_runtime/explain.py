@@ -14,7 +14,7 @@ from typing import Any
 from .decoding.chain import make_picker
 from .errors import GenaiRuntimeError
 from .generation_defaults import defaults_for
-from .kv.planning import CACHE_KINDS, device_obstacle
+from .kv.planning import CACHE_KINDS, FIXED_SHAPE_KINDS, device_obstacle
 from .routing import classify
 from .runtime.cuda_graphs import graph_obstacle
 from .runtime.pipeline import LoadedPipeline
@@ -421,6 +421,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         add(f"  kind:      {kind} ({kv['reason']})")
         if kv.get("device"):
             held = "buffers bound once as past and present" if kv["device"] != "cpu" else "host"
+            if kv["device"] != "cpu" and kv["kind"] in FIXED_SHAPE_KINDS:
+                held = "past buffers bound once; each chunk's new rows written into them there"
             add(f"  lives on:  {kv['device']} ({held})")
         if kv.get("device_obstacle"):
             add(f"  device:    {kv['device_obstacle']}")

@@ -22,6 +22,12 @@ oldest ``C`` rows) and attends over that, so the mask covers the slots after tha
 way the graph applies causality inside the chunk. An index-copy graph that writes in the graph
 writes every column of a chunk, pads included, so a padded chunk must fit the context; its
 ``cache_position`` may be one ``[C]`` vector for the whole batch (rows then hold equal lengths).
+
+On a device the past buffers are device tensors made once and bound once by address, and each
+graph's new rows land in device tensors bound once too; after a pass a small graph on the same
+provider writes the real rows into the buffers there (index-copy: a ScatterElements in place;
+FIFO: the buffers slide by a gather over past and new rows). Only per-row counts cross to the
+device, never the cache.
 """
 
 from __future__ import annotations
@@ -30,10 +36,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+import onnxruntime as ort
 
-from ..errors import GenerationError
+from ..errors import GenerationError, ModelError
+from ..session import census
 from ..session.bound import BoundSession
-from .base import KVCacheBase, KVLayout, PreallocatedBuffers, move_rows
+from ..session.device import (
+    HOST,
+    Device,
+    StagedArray,
+    slide_rows_session,
+    write_rows_session,
+)
+from .base import KVCacheBase, KVLayout, PreallocatedBuffers
 
 if TYPE_CHECKING:
     from ..session.positions import PositionState
@@ -53,30 +68,47 @@ class ChunkShape:
 
 
 class _ChunkBuffers:
-    """The per-pass inputs of one chunk shape, and the new rows its graph returns."""
+    """The per-pass inputs of one chunk shape, and the new rows its graph returns: host arrays
+    (``new``), or on a device tensors there (``new_values``) with the binding of the graph that
+    writes them into the cache (``write``, made on first use)."""
 
-    def __init__(self, layout: KVLayout, batch: int, ctx: int, shape: ChunkShape, count: int):
+    def __init__(
+        self, layout: KVLayout, batch: int, ctx: int, shape: ChunkShape, count: int, device: Device
+    ):
         c = shape.chunk
         self.shape = shape
         self.ids = np.zeros((batch, c), np.int64)
         self.position_ids = np.zeros((batch, c), np.int64)
         self.cache_position = np.zeros((batch, c), np.int64)
         self.mask = np.zeros((batch, shape.mask_width(ctx)), np.int64)
-        self.new = [np.zeros(layout.shape(batch, c), layout.dtype) for _ in range(count)]
         self.cols = np.arange(c, dtype=np.int64)
+        self.new: list[np.ndarray] = []
+        self.new_values: list[ort.OrtValue] = []
+        if device.host:
+            self.new = [np.zeros(layout.shape(batch, c), layout.dtype) for _ in range(count)]
+        else:
+            self.new_values = device.zeros(layout.shape(batch, c), layout.dtype, count)
+        self.write: tuple[ort.InferenceSession, ort.IOBinding] | None = None
 
 
 class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
     kind: ClassVar[str]
     uses_positions: ClassVar[bool] = True
+    on_device: ClassVar[bool] = True  # written by a small graph where the buffers are
     left_padded: ClassVar[bool]  # where padding goes inside a chunk
+    _facts_name: ClassVar[str]  # the write graph's per-row input on a device
     cannot_copy: ClassVar[str] = (
         "the fixed-chunk pass writes its rows and keeps each row's count of valid slots; "
         "copying rows in past that bookkeeping is not built"
     )
 
     def __init__(
-        self, layout: KVLayout, batch_size: int, max_length: int, positions: PositionState
+        self,
+        layout: KVLayout,
+        batch_size: int,
+        max_length: int,
+        positions: PositionState,
+        device: Device = HOST,
     ):
         if layout.format != "separate" or not layout.static_capacity or not layout.new_rows:
             raise ValueError(f"{self.kind} needs a fixed [B, H, CTX, D] past and [B, H, C, D] new")
@@ -89,8 +121,12 @@ class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
         self.valid = np.zeros(batch_size, np.int64)  # rows each batch entry holds
         self._names = [pair for layer in zip(layout.past, layout.present) for pair in zip(*layer)]
         shape = layout.shape(batch_size, self._capacity)
-        self._allocate([shape] * len(self._names), layout.dtype)  # host: rows written here
+        self._device = device
+        self._allocate([shape] * len(self._names), layout.dtype)  # the rows are written here
         self.rows = np.zeros(batch_size, np.int64)  # real tokens per row in the current chunk
+        # On a device: the per-row counts the write graph reads, staged there once.
+        self._facts = np.zeros(self._facts_shape(batch_size), np.int64)
+        self._staged = None if device.host else StagedArray(device, self._facts)
         self._shapes: dict[ChunkShape, _ChunkBuffers] = {}
         self._use(ChunkShape(self.chunk))
         self._bound: set[int] = set()
@@ -99,8 +135,13 @@ class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
         """Make ``shape``'s buffers the current ones (``ids``, ``mask``... are read from here)."""
         buf = self._shapes.get(shape)
         if buf is None:
-            buf = _ChunkBuffers(self.layout, self._batch, self._capacity, shape, len(self._names))
+            count = len(self._names)
+            buf = _ChunkBuffers(
+                self.layout, self._batch, self._capacity, shape, count, self._device
+            )
             self._shapes[shape] = buf
+            if not self._device.host:
+                self._bind_write(buf)  # refused here, before a pass, if it cannot run
         self._cur = buf
         self.ids, self.position_ids = buf.ids, buf.position_ids
         self.cache_position, self.mask, self._new = buf.cache_position, buf.mask, buf.new
@@ -138,19 +179,42 @@ class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
     def bind(self, stage: BoundSession, num_new: int) -> None:
         if id(stage) in self._bound:  # a stage always runs one chunk shape: bound once
             return
-        for (past, present), value, new in zip(self._names, self._values, self._new):
+        for i, ((past, present), value) in enumerate(zip(self._names, self._values)):
             stage.bind_value(past, value)
-            stage.bind_output_array(present, new)
+            if self._device.host:
+                stage.bind_output_array(present, self._new[i])
+            else:
+                stage.bind_output_value(present, self._cur.new_values[i])
         self._bound.add(id(stage))
 
     def commit(self) -> None:
         """Write the real rows of the chunk just run into the cache."""
-        for array, new in zip(self._arrays, self._new):
-            for b in range(self._batch):
-                k = int(self.rows[b])
-                if k:
-                    self._write(array[b], new[b], int(self.valid[b]), k)
+        if not self._device.host:
+            self._write_on_device(self._cur, self._chunk_facts())
+        else:
+            for array, new in zip(self._arrays, self._new):
+                for b in range(self._batch):
+                    k = int(self.rows[b])
+                    if k:
+                        self._write(array[b], new[b], int(self.valid[b]), k)
         self.valid += self.rows
+
+    def _write_on_device(self, buf: _ChunkBuffers, facts: np.ndarray) -> None:
+        """Run ``buf``'s write graph on the device with ``facts`` (its binding made once)."""
+        self._staged.sync(facts)
+        session, binding = buf.write or self._bind_write(buf)
+        census.run(session.run_with_iobinding, binding)
+
+    def _bind_write(self, buf: _ChunkBuffers) -> tuple[ort.InferenceSession, ort.IOBinding]:
+        session = self._write_session(buf.shape.chunk)
+        binding = session.io_binding()
+        for i, (value, new) in enumerate(zip(self._values, buf.new_values)):
+            binding.bind_ortvalue_input(f"past{i}", value)
+            binding.bind_ortvalue_input(f"new{i}", new)
+            binding.bind_ortvalue_output(f"out{i}", value)  # the same tensor: in place
+        binding.bind_ortvalue_input(self._facts_name, self._staged.value)
+        buf.write = (session, binding)
+        return buf.write
 
     def advance(self, stage: BoundSession, num_new: int) -> None:
         self.length += num_new
@@ -165,8 +229,27 @@ class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
         self.length = min(self.length, length)
 
     def reorder(self, rows: np.ndarray) -> None:
-        move_rows(self._arrays, rows, 0)  # whole contexts: where rows sit depends on the kind
+        # Whole contexts (where rows sit depends on the kind); on a device gathered there into
+        # new tensors, which every stage and write graph binds again.
+        if self._move_rows(rows):
+            self._bound.clear()
+            for buf in self._shapes.values():
+                buf.write = None
         self.valid[:] = self.valid[rows]
+
+    @property
+    def _data_type(self) -> str:
+        return self._values[0].data_type()
+
+    def _facts_shape(self, batch: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def _chunk_facts(self) -> np.ndarray:
+        """What the device write graph reads about the chunk just run."""
+        raise NotImplementedError
+
+    def _write_session(self, chunk: int) -> ort.InferenceSession:
+        raise NotImplementedError
 
     def _chunk_start(self, b: int, shape: ChunkShape) -> int:
         """The mask column of the chunk's first column."""
@@ -185,6 +268,7 @@ class _FixedShapeCache(PreallocatedBuffers, KVCacheBase):
 class StaticIndexCopyCache(_FixedShapeCache):
     kind: ClassVar[str] = "static-index-copy"
     left_padded: ClassVar[bool] = False
+    _facts_name: ClassVar[str] = "rows"
 
     def check_room(self, counts: np.ndarray, shape: ChunkShape | None = None) -> None:
         worst = int(np.argmax(self.valid + counts))
@@ -221,12 +305,30 @@ class StaticIndexCopyCache(_FixedShapeCache):
     def _rewind_rows(self, target: np.ndarray) -> None:
         pass  # slots past a row's valid count are masked and overwritten when reached
 
+    def _facts_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch, 2)
+
+    def _chunk_facts(self) -> np.ndarray:
+        self._facts[:, 0] = self.valid  # each row's first slot, and how many it writes
+        self._facts[:, 1] = self.rows
+        return self._facts
+
+    def _write_session(self, chunk: int) -> ort.InferenceSession:
+        if chunk > self._capacity:  # the graph's pad columns need a slot of their own
+            raise ModelError(
+                f"{self.layout.file}: a chunk of {chunk} new rows is wider than the fixed "
+                f"context of {self._capacity}; a {self.kind} cache on {self._device} needs "
+                "it to fit"
+            )
+        return write_rows_session(self._device, self._data_type, len(self._names), chunk)
+
 
 class StaticFifoCache(_FixedShapeCache):
     kind: ClassVar[str] = "static-fifo"
     # The FIFO drops its oldest rows: a rewind past them fails, so no speculation.
     can_rewind: ClassVar[bool] = False
     left_padded: ClassVar[bool] = True
+    _facts_name: ClassVar[str] = "shift"
     cannot_copy: ClassVar[str] = (
         "the FIFO slides its rows left on every pass (the newest at the last slot), so a "
         "position does not sit at a slot of its own"
@@ -267,3 +369,18 @@ class StaticFifoCache(_FixedShapeCache):
                 have, keep = int(self.valid[b]), int(target[b])
                 if keep < have:  # the kept rows move right to end at the last slot
                     array[b, :, ctx - keep :] = array[b, :, ctx - have : ctx - have + keep].copy()
+        if not self._device.host:  # on the device: a slide right by the rows dropped
+            np.minimum(target - self.valid, 0, out=self._facts)
+            self._write_on_device(self._cur, self._facts)
+
+    def _facts_shape(self, batch: int) -> tuple[int, ...]:
+        return (batch,)
+
+    def _chunk_facts(self) -> np.ndarray:
+        self._facts[:] = self.rows  # each row slides left by the rows it adds
+        return self._facts
+
+    def _write_session(self, chunk: int) -> ort.InferenceSession:
+        return slide_rows_session(
+            self._device, self._data_type, len(self._names), self._capacity, chunk
+        )

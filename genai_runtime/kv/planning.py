@@ -34,6 +34,9 @@ CACHE_KINDS: dict[str, type[KVCacheBase]] = {
     "static-fifo": StaticFifoCache,
 }
 
+# The kinds for graphs that return only a fixed chunk's new rows (the runtime writes them).
+FIXED_SHAPE_KINDS = ("static-index-copy", "static-fifo")
+
 
 @dataclass(frozen=True)
 class KVPlan:
@@ -59,7 +62,7 @@ def plan_cache(layout: KVLayout, kv: KVCacheSpec, share_buffer: bool) -> KVPlan:
                                f"{kv.kind} needs {' or '.join(formats)} caches; "
                                f"{layout.file} declares the {layout.format} layout")]
             )  # fmt: skip
-        fixed_kinds = ("static-index-copy", "static-fifo")
+        fixed_kinds = FIXED_SHAPE_KINDS
         if (kv.kind in fixed_kinds) != bool(layout.new_rows):
             what = (
                 f"a past fixed at {layout.static_capacity} positions with {layout.new_rows} new "

@@ -136,7 +136,6 @@ class Executor:
         self._last_run: dict[str, BoundStage] = {}
         self._logits_stage = next(s for s in self.stages if s.plan.logits is not None)
         self._fixed: FixedShapePass | None = None
-        self._fixed_rows = np.zeros((batch_size, 0), np.float32)
         self._tree: TreePass | None = None  # set during a token-tree pass
         if self.cache is not None and self.cache.chunk:
             source = Source(self._source_eos, start_token, self._pad) if self._source else None
@@ -169,23 +168,29 @@ class Executor:
     def logits_on_device(self) -> bool:
         """The logits stay on a device after a pass (``run``): ``rows`` copies them out,
         ``argmax`` brings back only the greedy ids."""
-        return self._fixed is None and not self._logits_stage.bound.device.host
+        if self._fixed is not None:  # chunked passes keep each row's last logits themselves
+            return self._fixed.on_device
+        return not self._logits_stage.bound.device.host
 
     def rows(self) -> np.ndarray:
         """float32 [B, V]: the last pass's logits at each row's last token (host)."""
-        if self._fixed is not None:  # chunked passes keep each row's last logits themselves
-            return self._fixed_rows
+        if self._fixed is not None:
+            return self._fixed.rows()
         return self.logits.rows(self._logits_stage, self.positions.last_index)
 
     def argmax(self) -> np.ndarray:
         """int32 [B]: each row's greedy token from the last pass, chosen where the logits are."""
         if not self.logits_on_device:
             return np.argmax(self.rows(), axis=-1).astype(np.int32)
+        if self._fixed is not None:
+            return self._fixed.device_rows.argmax()
         return self.logits.argmax(self._logits_stage, self.positions.last_index)
 
     def top_k(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """float32 and int64 [B, k]: each row's k highest logits from the last pass and their
         ids, taken where the logits are (``logits_on_device``)."""
+        if self._fixed is not None:
+            return self._fixed.device_rows.top_k(k)
         return self.logits.top_k(self._logits_stage, self.positions.last_index, k)
 
     def forward(
@@ -223,7 +228,7 @@ class Executor:
                 f"{self.max_length}"
             )
         if self._fixed is not None:
-            self._fixed_rows = self._fixed.forward(tokens)
+            self._fixed.forward(tokens)
             self._last_run.update((s.plan.name, s) for s in self._fixed.ran)
             self._last_tokens = tokens
             return

@@ -8,7 +8,12 @@ tokens, run on the prompt) beside a decode graph (one token, run on each new tok
 in phase ``init`` that reads the prompt (T5) runs once per prompt on the prompt with EOS
 appended, right-padded to its fixed source length; its outputs fill the cross-attention cache and
 its mask is the decoder's ``encoder_attention_mask``; the decoder starts from the decoder start
-token."""
+token.
+
+On a device the cache writes its rows there (see ``kv.fixed_shape``) and so do the logits: each
+step stage's ``[B, C, V]`` logits land in one device tensor bound once, and after each chunk a
+graph there copies the rows whose last real token it held into a ``[B, V]`` tensor
+(``DeviceRows``); greedy choice runs ArgMax on it, so only the chosen ids come back."""
 
 from __future__ import annotations
 
@@ -22,6 +27,14 @@ from ..errors import GenerationError, ModelError
 from ..kv import KVCache
 from ..kv.cross import CrossCache
 from ..kv.fixed_shape import ChunkShape
+from ..session import census
+from ..session.device import (
+    Device,
+    StagedArray,
+    argmax_session,
+    pick_rows_session,
+    top_k_session,
+)
 from ..session.positions import PositionState, encoder_source
 from .logits import LogitsBuffer
 from .stage import BoundStage
@@ -98,7 +111,9 @@ class FixedShapePass:
         self.cross, self.source = cross, source
         self.batch_size = positions.batch_size
         self.ran: list[BoundStage] = []  # the stages the last pass ran (init ones included)
-        self._rows: np.ndarray | None = None  # [B, V] logits of the last real tokens
+        self._rows: np.ndarray | None = None  # [B, V] logits of the last real tokens (host)
+        device = stage.bound.device
+        self.device_rows = None if device.host else DeviceRows(device, self.batch_size)
         self._casts: dict[tuple, np.ndarray] = {}
         self._source_mask: np.ndarray | None = None
 
@@ -139,8 +154,20 @@ class FixedShapePass:
             )
         return ChunkShape(chunk, in_graph=width == ctx)
 
-    def forward(self, tokens: np.ndarray) -> np.ndarray:
-        """One pass over ``tokens`` [B, n]; logits [B, V] at each row's last real token."""
+    @property
+    def on_device(self) -> bool:
+        """The last real tokens' logits stay on the device (``rows`` copies them out)."""
+        return self.device_rows is not None
+
+    def rows(self) -> np.ndarray:
+        """float32 [B, V]: the last pass's logits at each row's last real token (host)."""
+        if self.device_rows is not None:
+            return self.device_rows.rows()
+        return self._rows if self._rows is not None else np.zeros((self.batch_size, 0), np.float32)
+
+    def forward(self, tokens: np.ndarray) -> None:
+        """One pass over ``tokens`` [B, n]; ``rows`` (or ``device_rows``) then holds the logits
+        at each row's last real token."""
         cache, positions = self.cache, self.positions
         n, start = tokens.shape[1], positions.length
         positions.update(tokens)
@@ -163,13 +190,7 @@ class FixedShapePass:
                 self._feed(stage)
                 stage.bound.run()
                 cache.commit()
-                logits = self.logits.whole(stage)
-                out = self._rows
-                if out is None or out.shape != (self.batch_size, logits.shape[2]):
-                    out = self._rows = np.zeros((self.batch_size, logits.shape[2]), np.float32)
-                for b in range(self.batch_size):
-                    if cache.rows[b] and first + cache.rows[b] == counts[b]:  # its last token
-                        out[b] = logits[b, cache.last_column(b)]
+                self._keep_rows(stage, first, counts, c)
             self.ran.append(stage)
             cache.advance(stage.bound, n)
         except Exception:
@@ -179,7 +200,25 @@ class FixedShapePass:
             else:
                 cache.rewind_to(start)
             raise
-        return out
+
+    def _keep_rows(self, stage: BoundStage, first: int, counts: np.ndarray, c: int) -> None:
+        """Keep the logits of the rows whose last real token the chunk at ``first`` held."""
+        cache = self.cache
+        held = cache.rows
+        ends = [bool(held[b] and first + held[b] == counts[b]) for b in range(self.batch_size)]
+        if self.device_rows is not None:
+            pick = self.device_rows.pick
+            for b, end in enumerate(ends):  # its row in the [B * C, V] logits, or -1: keep
+                pick[b] = b * c + cache.last_column(b) if end else -1
+            self.device_rows.keep(stage)
+            return
+        logits = self.logits.whole(stage)
+        out = self._rows
+        if out is None or out.shape != (self.batch_size, logits.shape[2]):
+            out = self._rows = np.zeros((self.batch_size, logits.shape[2]), np.float32)
+        for b, end in enumerate(ends):
+            if end:
+                out[b] = logits[b, cache.last_column(b)]
 
     def _encode(self, tokens: np.ndarray, n: int) -> None:
         """Run the encoder on the prompt (EOS appended, right-padded to its fixed length)."""
@@ -197,6 +236,7 @@ class FixedShapePass:
                 )
             pad = src.pad if src.pad is not None else src.eos
             ids, mask = encoder_source(tokens, real, width, pad, src.eos)
+            mask.flags.writeable = False  # fed every pass unchanged: a device copies it once
             self._source_mask = mask
             arrays = {"input_ids": ids, "attention_mask": mask}
             for feed in stage.role_feeds:
@@ -240,7 +280,11 @@ class FixedShapePass:
             if self.cross is None:
                 raise ModelError(f"{stage.plan.io.file}: cross-attention inputs without a source")
             self.cross.bind(stage.bound)
-        self.logits.bind(stage, self.shapes[id(stage)].chunk)
+        chunk = self.shapes[id(stage)].chunk
+        if self.device_rows is not None:
+            self.device_rows.bind(stage, chunk, self.logits.vocab_size)
+        else:
+            self.logits.bind(stage, chunk)
         stage.bind_alloc_outputs()
 
     def _bind_user(self, stage: BoundStage) -> None:
@@ -262,3 +306,90 @@ class FixedShapePass:
             out = self._casts[key] = np.zeros(array.shape, dtype)
         out[...] = array
         return out
+
+
+class DeviceRows:
+    """On a device, the logits of a fixed-chunk pass: each step stage's ``[B, C, V]`` output
+    is one device tensor bound once; ``keep`` runs a graph there that copies the rows ``pick``
+    names into ``last`` ``[B, V]`` (one address), which token choice reads where it is."""
+
+    def __init__(self, device: Device, batch_size: int):
+        self.device = device
+        self.batch_size = batch_size
+        self.pick = np.full(batch_size, -1, np.int64)  # per row: b * C + column, or -1: keep
+        self._staged: StagedArray | None = None
+        self._last: ort.OrtValue | None = None
+        self._logits: dict[str, ort.OrtValue] = {}  # stage -> its logits tensor
+        self._keepers: dict[str, tuple] = {}  # stage -> (logits, session, binding)
+        self._choosers: dict[tuple[str, int], tuple] = {}
+
+    def bind(self, stage: BoundStage, chunk: int, vocab: int | None) -> None:
+        info, name = stage.plan.logits, stage.plan.name
+        if vocab is None:  # sized by the graph: allocated per run
+            stage.bound.bind_output_alloc(info.name)
+            self._logits.pop(name, None)
+        elif name not in self._logits:
+            shape = (self.batch_size, chunk, vocab)
+            self._logits[name] = self.device.empty(shape, info.dtype)
+            stage.bound.bind_output_value(info.name, self._logits[name])
+
+    def keep(self, stage: BoundStage) -> None:
+        name = stage.plan.name
+        value = self._logits.get(name)
+        if value is None:
+            value = stage.bound.output(stage.plan.logits.name)
+        if self._last is None:
+            shape, dtype = (self.batch_size, value.shape()[2]), stage.plan.logits.dtype
+            self._last = self.device.zeros(shape, dtype, 1)[0]
+            self._staged = StagedArray(self.device, self.pick)
+        self._staged.sync(self.pick)
+        held = self._keepers.get(name)
+        if held is None or held[0] is not value:
+            session = pick_rows_session(self.device, value.data_type())
+            binding = session.io_binding()
+            binding.bind_ortvalue_input("logits", value)
+            binding.bind_ortvalue_input("last", self._last)
+            binding.bind_ortvalue_output("out", self._last)  # the same tensor: in place
+            binding.bind_ortvalue_input("pick", self._staged.value)
+            held = self._keepers[name] = (value, session, binding)
+        census.run(held[1].run_with_iobinding, held[2])
+
+    def rows(self) -> np.ndarray:
+        if self._last is None:
+            return np.zeros((self.batch_size, 0), np.float32)
+        rows = self.device.download(self._last)
+        return rows if rows.dtype == np.float32 else rows.astype(np.float32)
+
+    def argmax(self) -> np.ndarray:
+        """int32 [B]: each row's greedy token, chosen on the device (only the ids come back)."""
+        (chosen,) = self._choose("argmax", 0)
+        return chosen.reshape(self.batch_size).astype(np.int32)
+
+    def top_k(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """float32 and int64 [B, k]: each row's k highest logits, highest first, and their ids,
+        taken on the device."""
+        top, chosen = self._choose("top_k", k)
+        return top.reshape(self.batch_size, k), chosen.reshape(self.batch_size, k)
+
+    def _choose(self, kind: str, k: int) -> list[np.ndarray]:
+        held = self._choosers.get((kind, k))
+        if held is None:
+            data_type, b = self._last.data_type(), self.batch_size
+            k_input = np.array([k], np.int64)  # kept alive with the binding that reads it
+            if kind == "argmax":
+                session = argmax_session(self.device, data_type, 2)
+                outputs = {"ids": ((b,), np.int64)}
+            else:
+                session = top_k_session(self.device, data_type, 2)
+                outputs = {"values": ((b, k), np.float32), "ids": ((b, k), np.int64)}
+            binding = session.io_binding()
+            binding.bind_ortvalue_input("logits", self._last)
+            if kind == "top_k":
+                binding.bind_cpu_input("k", k_input)
+            tensors = [self.device.empty(shape, dtype) for shape, dtype in outputs.values()]
+            for name, tensor in zip(outputs, tensors):
+                binding.bind_ortvalue_output(name, tensor)
+            held = self._choosers[(kind, k)] = (session, binding, tensors, k_input)
+        session, binding, tensors, _ = held
+        census.run(session.run_with_iobinding, binding)
+        return [self.device.download(t) for t in tensors]

@@ -10,6 +10,9 @@ bind time: rewriting the host array afterwards is silently not seen).
 The data moves caches need (gathering rows along an axis: rewind, compaction, reordering) run
 on the host as NumPy views of the OrtValues' memory, and on a device as a one-node ONNX graph
 (``Gather``) on that device's execution provider, so no cache crosses to the host to be moved.
+Fixed-shape caches write each pass's new rows there the same way (``write_rows_session``,
+``slide_rows_session``), and their passes keep each row's last logits there
+(``pick_rows_session``).
 """
 
 from __future__ import annotations
@@ -177,6 +180,22 @@ def graph_take_many(
 HOST = Device()
 
 
+class StagedArray:
+    """A small host array's copy on a device, made once at one address (bind it once):
+    ``sync`` copies the array's new contents there, and nothing when they have not changed
+    since the last copy (per-row step facts that repeat from one decode step to the next)."""
+
+    def __init__(self, device: Device, array: np.ndarray):
+        self.value = device.upload(array)
+        self._device = device
+        self._sent = np.array(array)
+
+    def sync(self, array: np.ndarray) -> None:
+        if not np.array_equal(array, self._sent):
+            self._device.update(self.value, array)
+            self._sent[...] = array
+
+
 def reads_host(session: ort.InferenceSession) -> bool:
     """Whether every input and output of ``session`` lives in host memory, as onnxruntime
     places them for its providers (a provider with no memory of its own, such as OpenVINO on
@@ -320,6 +339,128 @@ def _zeros_session(device: Device, dtype: str, count: int) -> ort.InferenceSessi
         [helper.make_tensor_value_info(f"out{i}", zero.data_type, None) for i in range(count)],
     )
     return _session(device, graph)
+
+
+@functools.lru_cache(maxsize=16)
+def write_rows_session(
+    device: Device, data_type: str, count: int, chunk: int
+) -> ort.InferenceSession:
+    """``count`` buffers ``past{i}`` ``[B, H, S, D]``, each bound again as ``out{i}`` (written
+    in place by ScatterElements, so only the new rows move), take the new rows ``new{i}``
+    ``[B, H, chunk, D]``: ``rows`` (int64 ``[B, 2]``) holds per batch row the slot of its first
+    new row and how many of its columns are real; the rest (padding) change nothing. A pad
+    column rewrites slot 0's own value, or when the row starts at slot 0 the first slot after
+    its real rows, so no write lands on a slot a real row takes (``S >= chunk`` and every
+    row's ``start + count <= S``)."""
+    g = _Builder("writing cache rows on a device", data_type, device)
+    ints = g.onnx.TensorProto.INT64
+    g.input("rows", ints, [None, 2])
+    start = g.op("Slice", "rows", g.const([0]), g.const([1]), g.const([1]))  # [B, 1]
+    real_count = g.op("Slice", "rows", g.const([1]), g.const([2]), g.const([1]))
+    cols = g.const(np.arange(chunk, dtype=np.int64)[None, :])  # [1, chunk]
+    real = g.op("Less", cols, real_count)  # [B, chunk]
+    zero = g.const(0)
+    pad = g.op("Where", g.op("Greater", start, zero), zero, real_count)  # [B, 1]
+    slot = g.op("Where", real, g.op("Add", start, cols), pad)
+    axes = g.const([1, 3])
+    index = g.op("Expand", g.op("Unsqueeze", slot, axes), g.op("Shape", "new0"))  # [B, H, C, D]
+    real = g.op("Unsqueeze", real, axes)  # [B, 1, chunk, 1]
+    for i in range(count):
+        g.input(f"past{i}", g.elem, [None] * 4)
+        g.input(f"new{i}", g.elem, [None] * 4)
+        old = g.op("GatherElements", f"past{i}", index, axis=2)
+        rows = g.op("Where", real, f"new{i}", old)
+        g.op("ScatterElements", f"past{i}", index, rows, axis=2, out=f"out{i}")
+    return g.session("write_rows")
+
+
+@functools.lru_cache(maxsize=16)
+def slide_rows_session(
+    device: Device, data_type: str, count: int, ctx: int, chunk: int
+) -> ort.InferenceSession:
+    """``count`` FIFO buffers ``past{i}`` ``[B, H, ctx, D]``, bound again as ``out{i}``: each
+    batch row slides left by its ``shift`` (int64 ``[B]``), dropping its oldest rows, and its
+    last ``shift`` slots take the last ``shift`` columns of ``new{i}`` ``[B, H, chunk, D]``
+    (a left-padded chunk's real rows). A negative shift slides right (the rows kept by a
+    rewind end at the last slot again); slots it empties repeat slot 0. Past and new rows are
+    concatenated first, so the gather never reads a slot it has written."""
+    g = _Builder("sliding cache rows on a device", data_type, device)
+    g.input("shift", g.onnx.TensorProto.INT64, [None])
+    slots = g.const(np.arange(ctx, dtype=np.int64)[None, :])  # [1, ctx]
+    zero = g.const(0)
+    source = g.op("Add", slots, g.op("Unsqueeze", "shift", g.const([1])))  # [B, ctx]
+    held = g.op("Where", g.op("Less", source, zero), zero, source)
+    # Slots past the held rows read the new ones: past ++ new, from column ctx.
+    source = g.op("Where", g.op("Less", source, g.const(ctx)), held,
+                  g.op("Add", slots, g.const(chunk)))  # fmt: skip
+    index = g.op("Expand", g.op("Unsqueeze", source, g.const([1, 3])), g.op("Shape", "past0"))
+    for i in range(count):
+        g.input(f"past{i}", g.elem, [None] * 4)
+        g.input(f"new{i}", g.elem, [None] * 4)
+        both = g.op("Concat", f"past{i}", f"new{i}", axis=2)
+        g.op("GatherElements", both, index, axis=2, out=f"out{i}")
+    return g.session("slide_rows")
+
+
+@functools.lru_cache(maxsize=8)
+def pick_rows_session(device: Device, data_type: str) -> ort.InferenceSession:
+    """``last`` ``[B, V]``, bound again as ``out`` (written in place by ScatterND): batch row b
+    takes row ``pick[b]`` of ``logits`` ``[B, C, V]`` flattened to ``[B * C, V]``, or keeps its
+    own where ``pick[b]`` is -1 (int64 ``[B]``): a fixed-chunk pass's logits at each row's last
+    real token, gathered chunk by chunk where they are."""
+    g = _Builder("choosing logits rows on a device", data_type, device)
+    ints = g.onnx.TensorProto.INT64
+    g.input("logits", g.elem, [None] * 3)
+    g.input("last", g.elem, [None, None])
+    g.input("pick", ints, [None])
+    zero = g.const(0, shape=())
+    keep = g.op("Less", "pick", zero)
+    flat = g.op("Flatten", "logits", axis=2)
+    picked = g.op("Gather", flat, g.op("Where", keep, zero, "pick"), axis=0)
+    rows = g.op("Where", g.op("Unsqueeze", keep, g.const([1])), "last", picked)
+    batch = g.op("Gather", g.op("Shape", "last"), zero)
+    where = g.op("Unsqueeze", g.op("Range", zero, batch, g.const(1, shape=())), g.const([1]))
+    g.op("ScatterND", "last", where, rows, out="out")
+    return g.session("pick_rows")
+
+
+class _Builder:
+    """A small graph on a device's provider: nodes with generated names, int64 constants."""
+
+    def __init__(self, purpose: str, data_type: str, device: Device):
+        self.onnx, self.helper = _onnx(purpose)
+        self.elem = _elem(data_type, device)
+        self.device = device
+        self.nodes: list = []
+        self.inits: list = []
+        self.inputs: list = []
+        self.outputs: list = []
+
+    def input(self, name: str, elem: int, shape: list) -> None:
+        self.inputs.append(self.helper.make_tensor_value_info(name, elem, shape))
+
+    def const(self, value, shape: tuple[int, ...] | None = None) -> str:
+        array = np.asarray(value, np.int64)
+        name = f"c{len(self.inits)}"
+        if shape is not None:
+            array = array.reshape(shape)
+        elif array.ndim == 0:
+            array = array.reshape(1)
+        self.inits.append(self.onnx.numpy_helper.from_array(array, name))
+        return name
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        name = out or f"t{len(self.nodes)}"
+        self.nodes.append(self.helper.make_node(op_type, list(inputs), [name], **attrs))
+        if out is not None:
+            self.outputs.append(self.helper.make_tensor_value_info(out, self.elem, None))
+        return name
+
+    def session(self, name: str) -> ort.InferenceSession:
+        graph = self.helper.make_graph(
+            self.nodes, name, self.inputs, self.outputs, initializer=self.inits
+        )
+        return _session(self.device, graph)
 
 
 def _onnx(purpose: str):

@@ -22,6 +22,8 @@ from genai_runtime.cli import main as cli_main
 from genai_runtime.errors import GenerationError
 from genai_runtime.kv.base import KVLayout
 from genai_runtime.kv.fixed_shape import ChunkShape, StaticFifoCache, StaticIndexCopyCache
+from genai_runtime.session.census import measure
+from genai_runtime.session.device import COPY_ON_BIND
 from genai_runtime.session.positions import PositionState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,6 +161,51 @@ def test_validate_and_explain_name_the_route_and_the_cache(exports, capsys, name
     assert cli_main(["explain", folder]) == 0
     out = capsys.readouterr().out
     assert f"route: {route}" in out and f"kind:      {kind} (" in out and why in out
+
+
+# -- on a device (copy-on-bind emulation) --------------------------------------------------------
+
+
+def _device_run(folder: Path, prompts: list[list[int]], steps: int, max_length: int, device: bool):
+    """Greedy rows, and the census of each ``generate_next_token`` (every session copies its
+    bound inputs, as a GPU's provider does, with ``device``)."""
+    config = og.Config(str(folder))
+    if device:
+        config.set_session_config_entry(COPY_ON_BIND, "1")
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length, batch_size=len(prompts))
+    generator = og.Generator(model, params)
+    width = max(map(len, prompts))
+    generator.append_tokens(np.array([p + [0] * (width - len(p)) for p in prompts], np.int64))
+    steps_seen = []
+    while len(steps_seen) < steps and not generator.is_done():
+        with measure() as m:
+            generator.generate_next_token()
+        steps_seen.append(m.census)
+    rows = [generator.get_sequence(b).tolist() for b in range(len(prompts))]
+    return rows, steps_seen, generator
+
+
+@pytest.mark.parametrize(
+    "name, prompts, steps, max_length",
+    [
+        ("qwen3-static", [QWEN_LONG], 13, 24),
+        ("qwen3-sliding", [QWEN_LONG], 29, 40),  # past its window of 24: the FIFO slides
+        ("t5-static-batch2", T5_PROMPTS[1:], 14, 40),
+    ],
+)
+def test_the_exports_on_a_device_give_the_host_tokens(exports, name, prompts, steps, max_length):
+    """Prefill (chunks of 8) and decode (one token) graphs with ``[B, ctx]`` masks sharing one
+    device cache, and T5's encoder filling the cross cache: the host's tokens; once the decode
+    graph has run, a step makes nothing on the device and brings back only the chosen ids."""
+    ours, census, generator = _device_run(exports[name], prompts, steps, max_length, True)
+    assert not generator.kv_cache._device.host
+    assert ours == _device_run(exports[name], prompts, steps, max_length, False)[0]
+    assert len(census) == steps
+    for step in census[2:]:  # the first picks the prompt's token; the second first decodes
+        assert step.device_allocations == 0
+        assert (step.device_to_host, step.device_to_host_bytes) == (1, 8 * len(prompts))
 
 
 # -- the cache rules the exports rely on (no torch) ----------------------------------------------
