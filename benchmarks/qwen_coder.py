@@ -2,6 +2,7 @@
 speed against llama.cpp on the same GGUF.
 
     python benchmarks/qwen_coder.py quality [--model qwen2.5-coder-0.5b] [--new-tokens 256]
+    python benchmarks/qwen_coder.py quality --llama-python SIDE/bin/python [--model ...]
     python benchmarks/qwen_coder.py ngram   [--model ...] [--rounds 3] [--new-tokens 128]
     python benchmarks/qwen_coder.py speed [--llama-python SIDE/bin/python] [--threads 1 2]
     python benchmarks/qwen_coder.py speed --compare int4 int4-lean [--threads 1 2]
@@ -13,6 +14,9 @@ folders are imported beside it on first use (``<cache>/.bench/NAME-QUANT``).
 ``quality``: five coding prompts; the fp32 import decodes ``--new-tokens`` greedily, then every
 other setting reads that same sequence (teacher forcing) and we count the positions where its
 top-1 token equals fp32's (top-1 agreement), and the greedy tokens before its first departure.
+With ``--llama-python``, llama.cpp (llama-cpp-python in that environment) reads the same ids on
+the GGUF itself (``logits_all``) and is counted the same way; our token ids are fed to both, and a
+warning is printed where llama.cpp's own tokenizer reads the text differently.
 ``ngram``: plain greedy vs n-gram prompt lookup (``speculative.ngram_size`` 3) on the
 input-grounded prompts of ``speculative.py``, the two alternating in every round; decode tok/s
 ratios per run (median, range) and whether the tokens equal plain greedy's.
@@ -114,6 +118,31 @@ for _ in range(rounds + 1):  # the first is a warm-up
     out.append({"prefill": len(ids) / (t1 - t0), "decode": new / (t2 - t1), "tokens": toks})
 print(json.dumps(out[1:]))
 """
+LLAMA_QUALITY_WORKER = r"""
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+gguf, threads = sys.argv[1], int(sys.argv[2])
+runs = json.loads(sys.stdin.read())  # [{ids, continuation, prompt_text, continuation_text}]
+n_ctx = max(len(r["ids"]) + len(r["continuation"]) for r in runs) + 8
+llm = Llama(model_path=gguf, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=threads,
+            n_threads_batch=threads, logits_all=True, verbose=False)
+out = []
+for r in runs:
+    ids, cont = r["ids"], r["continuation"]
+    llm.reset()
+    llm.eval(ids + cont[:-1])
+    # row i holds the logits after token i: rows len(ids)-1 ... predict the continuation's tokens
+    rows = np.asarray(llm.scores[len(ids) - 1 : len(ids) - 1 + len(cont)])
+    own = llm.tokenize(r["prompt_text"].encode(), add_bos=False, special=True)
+    out.append({
+        "top1": [int(t) for t in rows.argmax(axis=1)],
+        "own_ids": own,
+        "prompt_text": llm.detokenize(ids, special=True).decode("utf-8", "replace"),
+        "continuation_text": llm.detokenize(cont, special=True).decode("utf-8", "replace"),
+    })
+print(json.dumps({"n_vocab": llm.n_vocab(), "runs": out}))
+"""
 
 
 def folder_for(name: str, setting: str) -> Path:
@@ -164,6 +193,41 @@ def forced_top1(model: og.Model, ids: list[int], continuation: list[int]) -> lis
     return top
 
 
+def agreement(tops: list[list[int]], ref: list[list[int]]) -> tuple[int, int, list[int]]:
+    """Positions where ``tops`` equals fp32's greedy text, all positions, and per prompt the
+    greedy tokens before the first departure."""
+    agree = total = 0
+    same_prefix = []
+    for top, cont in zip(tops, ref):
+        hits = [a == b for a, b in zip(top, cont)]
+        agree += sum(hits)
+        total += len(hits)
+        same_prefix.append(hits.index(False) if False in hits else len(hits))
+    return agree, total, same_prefix
+
+
+def llama_top1(args, runs: list[dict]) -> list[list[int]]:
+    """llama.cpp's top-1 at the same positions, on the GGUF itself (llama-cpp-python in
+    ``--llama-python``), reading our ids; warns where its own tokenizer reads the text otherwise.
+    ``runs``: per prompt our ids, fp32's continuation and our tokenizer's text of both."""
+    gguf = cache_root() / ".gguf" / SOURCES[args.model].filename
+    cmd = [args.llama_python, "-c", LLAMA_QUALITY_WORKER, str(gguf), str(os.cpu_count() or 1)]
+    proc = subprocess.run(cmd, input=json.dumps(runs), capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"llama.cpp failed: {proc.stderr.strip()[-600:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for n, (mine, theirs) in enumerate(zip(runs, got["runs"])):
+        if theirs["own_ids"] != mine["ids"]:
+            print(f"  warning: prompt {n}: llama.cpp tokenizes the prompt text otherwise "
+                  f"({len(theirs['own_ids'])} ids, ours {len(mine['ids'])}); our ids are fed "
+                  "to both")  # fmt: skip
+        for key in ("prompt_text", "continuation_text"):
+            if theirs[key] != mine[key]:
+                print(f"  warning: prompt {n}: llama.cpp's vocabulary reads our {key[:-5]} ids "
+                      "as other text")  # fmt: skip
+    return [r["top1"] for r in got["runs"]]
+
+
 def quality(args) -> int:
     fp32 = folder_for(args.model, "fp32")
     # fp32's greedy text, kept beside its folder: a later run compares other settings at once.
@@ -176,21 +240,31 @@ def quality(args) -> int:
     else:
         ref = [greedy(ref_model, ids, args.new_tokens) for ids in prompts]
         saved.write_text(json.dumps({"prompts": prompts, "greedy": ref}))
-    del ref_model
+    tok = og.Tokenizer(ref_model)
+    texts = []  # our tokenizer's text of each prompt and continuation, for llama.cpp's check
+    for text, cont in zip(PROMPTS, ref):
+        messages = json.dumps([{"role": "user", "content": text}])
+        texts.append((tok.apply_chat_template(messages, add_generation_prompt=True),
+                      tok.decode(cont)))  # fmt: skip
+    del tok, ref_model
     print(f"{args.model}: top-1 agreement with the fp32 import over {args.new_tokens} tokens "
           f"x {len(PROMPTS)} prompts (teacher-forced on fp32's greedy text)")  # fmt: skip
     for setting in args.settings or QUALITY_SETTINGS:
         model = og.Model(str(folder_for(args.model, setting)))
-        agree = total = 0
-        same_prefix = []
-        for ids, cont in zip(prompts, ref):
-            top = forced_top1(model, ids, cont)
-            hits = [a == b for a, b in zip(top, cont)]
-            agree += sum(hits)
-            total += len(hits)
-            same_prefix.append(hits.index(False) if False in hits else len(hits))
+        tops = [forced_top1(model, ids, cont) for ids, cont in zip(prompts, ref)]
+        del model
+        agree, total, same_prefix = agreement(tops, ref)
         print(f"  {setting:12s} top-1 agreement {agree / total:.3f} ({agree}/{total}); greedy "
               f"tokens before the first departure: {same_prefix}")  # fmt: skip
+    if not args.llama_python:
+        print("  llama.cpp: skipped: no --llama-python (an environment with llama-cpp-python)")
+        return 0
+    runs = [{"ids": ids, "continuation": cont, "prompt_text": pt, "continuation_text": ct}
+            for ids, cont, (pt, ct) in zip(prompts, ref, texts)]  # fmt: skip
+    agree, total, same_prefix = agreement(llama_top1(args, runs), ref)
+    print(f"  {'llama.cpp':12s} top-1 agreement {agree / total:.3f} ({agree}/{total}); greedy "
+          f"tokens before the first departure: {same_prefix} "
+          f"({SOURCES[args.model].filename})")  # fmt: skip
     return 0
 
 
