@@ -1,21 +1,25 @@
 """Prompt-lookup speculation inside the batched server: N concurrent requests, with and without.
 
     python benchmarks/server_speculation.py MODEL_DIR [--drafts 8] [--tokens 128] [--rounds 3]
-        [--threads 2] [--fp32-compute]
+        [--threads 2]
 
-Two sets of 4 concurrent greedy chat requests, each answered by a server started with
+Sets of 4 concurrent greedy chat requests, each answered by a server started with
 ``speculate=0`` and one with ``speculate=--drafts`` (one in-process server at a time, on
 127.0.0.1; the two alternate within each round so machine load hits them alike):
 
-- grounded: the reply copies or edits a text given in the prompt (``speculative.py``'s
-  prompts), where lookup drafts match;
-- open: questions whose replies share little with the prompt, where drafts rarely match.
+- grounded: the reply copies or edits a text given in the prompt (the first four of
+  ``speculative.py``'s prompts), where lookup drafts match;
+- open: questions whose replies share little with the prompt, where drafts rarely match;
+- grounded-sustained: four clients each sending three of the five grounded prompts in turn,
+  the next as soon as the last reply ends (a full server, where no one slow reply sets the
+  wall time).
 
 Per set it prints the aggregate decode tokens/s (every request's tokens after its first, over
 the time from the first request's first token to the last request's end), each request's own
 decode tokens/s, their medians over rounds, the ratios speculation / plain, whether every reply's
-tokens are identical, and the server's acceptance counters. ``--fp32-compute`` runs int4 weights
-with fp32 activations (the level where a wider pass rounds like a one-token step).
+tokens are identical, and the server's acceptance counters. A folder imported with
+``--accuracy-level 0`` runs int4 weights with fp32 activations, where a wider pass rounds like a
+one-token step.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ OPEN = [
     "Explain what a hash table is in one paragraph.",
     "Give two arguments for and two against remote work.",
 ]
-FP32_COMPUTE = "mlas.qnbit.force_fp32"
 
 
 def stream(url: str, model: str, prompt: str, tokens: int, out: dict) -> None:
@@ -70,21 +73,30 @@ def stream(url: str, model: str, prompt: str, tokens: int, out: dict) -> None:
     out["ids"] = ids
 
 
-def batch(url: str, model: str, prompts: list[str], tokens: int) -> list[dict]:
-    outs: list[dict] = [{} for _ in prompts]
-    threads = [
-        threading.Thread(target=stream, args=(url, model, p, tokens, o))
-        for p, o in zip(prompts, outs)
-    ]
+def batch(
+    url: str, model: str, prompts: list[str], tokens: int, each: int = 1, clients: int = 4
+) -> list[dict]:
+    """The first ``clients`` prompts sent at once, one client each; with ``each`` > 1 every
+    client then sends the next prompts of the list (rotated) as soon as its last reply ends, so
+    the server stays full. Replies in client order, then request order."""
+    clients = min(clients, len(prompts))
+    outs: list[list[dict]] = [[{} for _ in range(each)] for _ in range(clients)]
+
+    def client(i: int) -> None:
+        for j in range(each):
+            stream(url, model, prompts[(i + j) % len(prompts)], tokens, outs[i][j])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return outs
+    return [o for client_outs in outs for o in client_outs]
 
 
 def rates(outs: list[dict]) -> tuple[float, list[float]]:
-    """Aggregate decode tok/s and each request's own."""
+    """Aggregate decode tok/s (every request's tokens after its first, over the time from the
+    first first token to the last end) and each request's own."""
     start = min(o["first"] for o in outs)
     end = max(o["end"] for o in outs)
     total = sum(o["tokens"] - 1 for o in outs)
@@ -110,9 +122,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--fp32-compute", action="store_true")
     args = ap.parse_args()
-    sets = {"grounded": GROUNDED[:4], "open": OPEN}
+    sets = {"grounded": (GROUNDED, 1), "open": (OPEN, 1), "grounded-sustained": (GROUNDED, 3)}
     results: dict[tuple[str, int], list] = {}
     replies: dict[tuple[str, int], list] = {}
     counters = {}
@@ -126,8 +137,8 @@ def main() -> None:
             try:
                 url, model = handle.url, handle.state.served_name
                 batch(url, model, ["Say hello."] * 4, 8)  # warm the kernels for every width
-                for name, prompts in sets.items():
-                    outs = batch(url, model, prompts, args.tokens)
+                for name, (prompts, each) in sets.items():
+                    outs = batch(url, model, prompts, args.tokens, each)
                     results.setdefault((name, drafts), []).append(rates(outs))
                     replies.setdefault((name, drafts), []).append([o["ids"] for o in outs])
                 if drafts:
@@ -141,8 +152,9 @@ def main() -> None:
         spec = results[(name, args.drafts)]
         agg_plain = statistics.median(a for a, _ in plain)
         agg_spec = statistics.median(a for a, _ in spec)
-        own_plain = [statistics.median(o[i] for _, o in plain) for i in range(4)]
-        own_spec = [statistics.median(o[i] for _, o in spec) for i in range(4)]
+        count = len(plain[0][1])
+        own_plain = [statistics.median(o[i] for _, o in plain) for i in range(count)]
+        own_spec = [statistics.median(o[i] for _, o in spec) for i in range(count)]
         same = all(
             a == b for x, y in zip(replies[(name, 0)], replies[(name, args.drafts)])
             for a, b in zip(x, y)

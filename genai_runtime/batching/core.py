@@ -26,7 +26,15 @@ from ..decoding.stopping import StopPolicy, StopReason, StopRule
 from ..model import Model
 from ..spec import GenerationSpec
 from .slots import BatchedSlots, InterleavedSlots
-from .speculation import Probe, RowDrafts, SpeculationStats, WidthCosts, choose_width
+from .speculation import (
+    Probe,
+    RowDrafts,
+    RowOffer,
+    SpeculationStats,
+    WidthCosts,
+    choose_width,
+    fair_for_all,
+)
 
 log = logging.getLogger("genai_runtime.batching")
 
@@ -132,6 +140,8 @@ class Row:
     kept: int = 0  # drafts of this round kept so far
     drafted: int = 0  # drafts verified over the row's life
     accepted: int = 0  # of them, kept
+    emitted: int = 0  # tokens chosen over the row's life
+    spent: float = 0.0  # what the passes it decoded in cost, in one-token steps
 
     @property
     def pending(self) -> int:
@@ -248,6 +258,10 @@ class DecodeCore:
         if not single:
             return
         width, proposals = self._width(single) if self.speculate else (1, {})
+        if self.speculate:
+            cost = self._costs.ratio(len(single), width)
+            for row in single:
+                row.spent += cost
         slots = [row.slot for row in single]
         started = time.perf_counter()
         if width == 1:  # the decoder's own session: a verify pass costs more per row
@@ -290,10 +304,13 @@ class DecodeCore:
         self._probing = False
         if not proposals:
             return 1, proposals
-        offers = [(row.speculator, *proposals[id(row)]) for row in rows if id(row) in proposals]
-        offers = [(drafts, tokens.size, bucket) for drafts, tokens, bucket in offers]
-        width = choose_width(offers, len(rows), self._costs, self.speculate)
-        if width == 1 and self._probe.due():
+        offers = []
+        for row in rows:
+            drafts, bucket = proposals.get(id(row), (_NO_DRAFTS, 0))
+            offers.append(RowOffer(row.speculator if drafts.size else None, int(drafts.size),
+                                   bucket, row.emitted, row.spent))  # fmt: skip
+        width = choose_width(offers, self._costs, self.speculate)
+        if width == 1 and fair_for_all(offers, self._costs, 2) and self._probe.due():
             width, self._probing = 2, True
             self.speculation.probes += 1
         return width, proposals
@@ -337,6 +354,7 @@ class DecodeCore:
         picker = row.picker
         history = row.history.view() if picker.ops else _NO_HISTORY
         token = int(picker.pick(history, logits, row.rng)[0])
+        row.emitted += 1
         complete = picker.commit(np.array([token], np.int32))
         complete = complete is not None and bool(complete[0])
         return Choice(token, complete, model)

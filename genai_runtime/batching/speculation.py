@@ -10,7 +10,9 @@ the tokens a plain step would give them (up to the rounding of a wider pass).
 A pass of several tokens per row costs more than a one-token step, and every row pays for the
 widest: ``choose_width`` weighs each row's expected kept tokens (from its recent acceptance
 rate, per matched n-gram size) against the measured cost of each width at this row count, and
-runs plain steps when no width beats them. When no row has drafted for a while, a two-token
+runs plain steps when no width beats them. Each row keeps an account of the tokens it took and
+what its passes cost: no width is run that would leave any row, over its life, under 95 % of
+the rate plain steps give it. When no row has drafted for a while, a two-token
 probe lets the rates recover; a probe that keeps nothing doubles the wait (4 to 64 steps).
 """
 
@@ -94,17 +96,48 @@ class WidthCosts:
         return 1.0 + max(extra, 0.0) * (width - 1)
 
 
-def choose_width(
-    proposals: list[tuple[RowDrafts, int, int]], rows: int, costs: WidthCosts, most: int
-) -> int:
-    """The tokens per row of the next pass: the width whose expected kept tokens over all rows,
-    per unit of cost, beats a plain step by the most (1: a plain step). ``proposals``: per
-    drafting row, (its drafts, how many it has, their bucket); ``rows``: rows in the pass."""
+SLOWEST = 0.95  # a row's tokens per unit of time may fall to this share of plain steps'
+
+
+@dataclass(frozen=True)
+class RowOffer:
+    """One row of the next pass, as the width choice sees it."""
+
+    drafts: RowDrafts | None  # None: the row drafts nothing this step
+    count: int  # drafts it has
+    bucket: int
+    emitted: int  # tokens the row has taken so far
+    spent: float  # what the passes it ran in cost, in one-token steps
+
+    def expected(self, width: int) -> float:
+        """Tokens the row is expected to take from a pass of ``width`` tokens per row."""
+        if self.drafts is None or not self.count:
+            return 1.0
+        return self.drafts.expected(min(self.count, width - 1), self.bucket)
+
+    def fair(self, ratio: float, width: int) -> bool:
+        """Whether a pass costing ``ratio`` one-token steps keeps the row's expected tokens
+        per unit of time, over its life, at ``SLOWEST`` of plain steps' or more."""
+        return self.spent + ratio <= (self.emitted + self.expected(width)) / SLOWEST
+
+
+def fair_for_all(offers: list[RowOffer], costs: WidthCosts, width: int) -> bool:
+    ratio = costs.ratio(len(offers), width)
+    return all(o.fair(ratio, width) for o in offers)
+
+
+def choose_width(offers: list[RowOffer], costs: WidthCosts, most: int) -> int:
+    """The tokens per row of the next pass (1: a plain step): the width whose expected tokens
+    over all rows, per unit of cost, beats a plain step by the most, among the widths that keep
+    every row's own rate, over its life, at ``SLOWEST`` of plain steps' or more (a row that
+    drafts nothing pays for a wide pass out of the slack plain steps leave it)."""
+    rows = len(offers)
     best, best_gain = 1, float(rows)
     for width in range(2, most + 2):
-        tokens = rows - len(proposals)  # rows with no drafts yield one token
-        tokens += sum(d.expected(min(n, width - 1), b) for d, n, b in proposals)
-        gain = tokens / costs.ratio(rows, width)
+        ratio = costs.ratio(rows, width)
+        if not all(o.fair(ratio, width) for o in offers):
+            continue
+        gain = sum(o.expected(width) for o in offers) / ratio
         if gain > best_gain * 1.02:  # a margin against noise in the timings
             best, best_gain = width, gain
     return best

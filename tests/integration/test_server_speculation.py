@@ -25,7 +25,7 @@ pytest.importorskip("onnx")
 
 import genai_runtime as og
 from genai_runtime.batching.slots import BatchedSlots
-from genai_runtime.batching.speculation import RowDrafts, WidthCosts, choose_width
+from genai_runtime.batching.speculation import RowDrafts, RowOffer, WidthCosts, choose_width
 from genai_runtime.errors import GenaiRuntimeError
 from genai_runtime.server import ServeOptions, ServerHandle
 
@@ -148,18 +148,27 @@ def test_verify_pass_matches_one_token_steps_on_int4() -> None:
             assert float(np.abs(wide[s][j] - steps[j][s]).max()) < 1.0
 
 
-def test_width_choice_weighs_acceptance_against_cost() -> None:
+def test_width_choice_weighs_acceptance_against_cost_and_each_rows_rate() -> None:
     costs = WidthCosts()
     sure, unsure = RowDrafts(8), RowDrafts(8)
     for _ in range(6):
         sure.kept(4, 4, 3)
         unsure.kept(0, 4, 2)
-    assert choose_width([(unsure, 8, 2)], 4, costs, 8) == 1  # drafts that never match: plain
-    assert choose_width([(sure, 8, 3)] * 4, 4, costs, 8) > 2
+
+    def offer(drafts, bucket, emitted=100, spent=100.0):
+        return RowOffer(drafts, 8, bucket, emitted, spent)
+
+    assert choose_width([offer(unsure, 2)] * 4, costs, 8) == 1  # drafts that never match
+    assert choose_width([offer(sure, 3)] * 4, costs, 8) > 2
+    # a row that drafts nothing pays for a wide pass only out of its slack (5 % of its steps)
+    idle = RowOffer(None, 0, 0, 100, 100.0)
+    assert choose_width([offer(sure, 3)] * 3 + [idle], costs, 8) > 1
+    spent = RowOffer(None, 0, 0, 100, 105.0)  # already 5 % slower than plain steps
+    assert choose_width([offer(sure, 3)] * 3 + [spent], costs, 8) == 1
     costs.timed(4, 1, 0.040)
     for width in range(2, 10):
         costs.timed(4, width, 0.040 * width)  # a pass costs as much as its tokens: never wins
-    assert choose_width([(sure, 8, 3)] * 4, 4, costs, 8) == 1
+    assert choose_width([offer(sure, 3)] * 4, costs, 8) == 1
 
 
 def test_speculate_option_is_checked() -> None:
