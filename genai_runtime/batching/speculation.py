@@ -34,7 +34,7 @@ class RowDrafts:
     """One row's lookup proposer and its acceptance rates (per matched n)."""
 
     def __init__(self, max_drafts: int):
-        self.proposer = NgramProposer(3, 2)
+        self.proposer = NgramProposer(3, 1, chained=True)
         self.rates = AdaptiveK(max_drafts, 1)
 
     def propose(self, context: np.ndarray, most: int) -> tuple[np.ndarray, int]:
