@@ -302,11 +302,7 @@ class BatchedSlots:
         """The listed slots' next tokens in one call over the contiguous ``rows`` (default
         0..max(slots), at least ``min_rows``); rows not listed get a throwaway token written just
         past what they hold, so a kept prefix is never overwritten."""
-        if rows is None:
-            rows = range(0, max(max(slots) + 1, self._min_rows))
-        lo, hi = rows.start, rows.stop
-        if not (0 <= lo <= min(slots) and max(slots) < hi <= self.num_slots):
-            raise ModelError(f"decode rows {rows} do not cover slots {slots}")
+        lo, hi = self._span(slots, rows)
         n = hi - lo
         self._reserve(int(self._lengths[lo:hi].max()) + 1)
         self._ids[lo:hi, 0] = 0
@@ -336,6 +332,15 @@ class BatchedSlots:
         self._lengths[slots] += 1
         return self._logits[slots].astype(np.float32)
 
+    def _span(self, slots: list[int], rows: range | None) -> tuple[int, int]:
+        """The rows a pass runs: ``rows``, or 0..max(slots) and at least ``min_rows``."""
+        if rows is None:
+            rows = range(0, max(max(slots) + 1, self._min_rows))
+        lo, hi = rows.start, rows.stop
+        if not (0 <= lo <= min(slots) and max(slots) < hi <= self.num_slots):
+            raise ModelError(f"pass rows {rows} do not cover slots {slots}")
+        return lo, hi
+
     @property
     def verify_obstacle(self) -> str | None:
         """None when ``verify`` can score several tokens per row in one pass, else why not."""
@@ -360,11 +365,7 @@ class BatchedSlots:
         if obstacle is not None:
             raise UnsupportedError(f"cannot verify drafts: {obstacle}")
         width = max(int(f.size) for f in feeds)
-        if rows is None:
-            rows = range(0, max(max(slots) + 1, self._min_rows))
-        lo, hi = rows.start, rows.stop
-        if not (0 <= lo <= min(slots) and max(slots) < hi <= self.num_slots):
-            raise ModelError(f"verify rows {rows} do not cover slots {slots}")
+        lo, hi = self._span(slots, rows)
         n = hi - lo
         lengths = self._lengths[lo:hi]
         self._reserve(int(lengths.max()) + width)
