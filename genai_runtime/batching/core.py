@@ -258,6 +258,8 @@ class DecodeCore:
         if not single:
             return
         width, proposals = self._width(single) if self.speculate else (1, {})
+        if width > 1:  # rows near the end of the context leave no room for a wide pass
+            width = max(1, min(width, self.slots.verify_room([r.slot for r in single], span)))
         if self.speculate:
             cost = self._costs.ratio(len(single), width)
             for row in single:

@@ -341,6 +341,12 @@ class BatchedSlots:
             raise ModelError(f"pass rows {rows} do not cover slots {slots}")
         return lo, hi
 
+    def verify_room(self, slots: list[int], rows: range | None = None) -> int:
+        """The widest verify pass over ``slots`` (and ``rows``) that fits the context: every
+        row of the pass, listed or not, is padded to its width."""
+        lo, hi = self._span(slots, rows)
+        return self.max_length - int(self._lengths[lo:hi].max())
+
     @property
     def verify_obstacle(self) -> str | None:
         """None when ``verify`` can score several tokens per row in one pass, else why not."""

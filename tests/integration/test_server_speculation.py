@@ -125,6 +125,25 @@ def test_speculation_keeps_greedy_and_seeded_replies_exact(fp32_folder: Path) ->
             <= counters["genai_speculative_draft_tokens_total"])  # fmt: skip
 
 
+def test_rows_that_reach_the_context_end_while_others_draft(fp32_folder: Path) -> None:
+    """A pass is padded to its widest row for every row of the batch: rows near the end of the
+    context narrow it rather than overflow; replies end at the context as without speculation."""
+    context = 160
+    answers = {}
+    for speculate in (0, 6):
+        handle = ServerHandle(str(fp32_folder), port=0, max_active=4, speculate=speculate,
+                              max_context=context, prompt_cache_mb=0).start()  # fmt: skip
+        try:
+            sizes = [r["usage"]["prompt_tokens"] for r in _together(handle, _bodies(max_tokens=1))]
+            bodies = [{**b, "temperature": 0, "max_tokens": context - n}  # each fills the context
+                      for b, n in zip(_bodies(), sizes)]  # fmt: skip
+            answers[speculate] = _answers(_together(handle, bodies))
+        finally:
+            handle.stop()
+    assert [a[0] for a in answers[6]] == [a[0] for a in answers[0]]
+    assert {a[2] for a in answers[6]} == {"length"}
+
+
 def test_verify_pass_matches_one_token_steps_on_int4() -> None:
     """Four rows of different lengths, five tokens each in one verify pass, against five
     batched one-token steps: the same argmax at every position, the keys/values close."""
