@@ -88,7 +88,9 @@ def forward_rows(
     leaves the executor as it was."""
     start = executor.length
     try:
-        last = executor.forward(tokens[None, :], tree)
+        # every row's logits are read: a graph with the last-position switch is asked for them
+        # all at once (else ``pass_logits`` would run the pass a second time)
+        last = executor.forward(tokens[None, :], tree, every_row=not last_only)
     except Exception as exc:
         executor.rewind_to(start)
         if isinstance(exc, GenaiRuntimeError):

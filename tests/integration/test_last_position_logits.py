@@ -160,3 +160,28 @@ def test_the_server_prefills_with_the_switch_and_answers_as_full_runs_do(fp32_fo
     finally:
         handle.stop()
     assert [*together, later] == [reference_text(p) for p in prompts]
+
+
+def test_a_verify_pass_runs_once_and_scores_every_token(fp32_folder, monkeypatch):
+    """Speculative verification reads every position's logits: it asks the graph for them all
+    in its one pass (a pass asked for the last ones only would have to run again)."""
+    from genai_runtime.runtime.driver import forward_rows
+    from genai_runtime.session.bound import BoundSession
+
+    _, out, _ = fp32_folder
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=64)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([PROMPTS[0]], np.int32))
+    executor = generator._exec
+    start = executor.length
+    drafts = np.array([44, 1, 70, 90], np.int32)
+    runs = []
+    real_run = BoundSession.run
+    monkeypatch.setattr(BoundSession, "run", lambda self, *a: runs.append(1) or real_run(self, *a))
+    rows = forward_rows(executor, drafts).copy()
+    assert len(runs) == 1  # the real session ran once; the counter only counts
+    executor.rewind_to(start)
+    one_by_one = [forward_rows(executor, drafts[i : i + 1])[0].copy() for i in range(4)]
+    np.testing.assert_allclose(rows, np.stack(one_by_one), atol=1e-4)
