@@ -274,10 +274,14 @@ def ngram(args) -> int:
     folder = folder_for(args.model, args.setting or "int4")
     plain = og.Model(str(folder))
     config = og.Config(str(folder))
-    config.overlay(json.dumps({"speculative": {"ngram_size": 3, "max_draft_tokens": args.k}}))
+    speculative = {"ngram_size": 3, "max_draft_tokens": args.k}
+    if args.fixed_k:
+        speculative["min_adaptive_k"] = 0  # 0: not adaptive (the v1 key)
+    config.overlay(json.dumps({"speculative": speculative}))
     spec = og.Model(config)
     prompts = [chat_ids(plain, t) for t in GROUNDED]
     ratios, agree, rates = [], 0, {"plain": [], "ngram": []}
+    kept: list[tuple[int, int, int]] = []  # per n-gram run: drafts kept, verified, passes
     for r in range(args.rounds):
         for ids in prompts:
             outs, tps = {}, {}
@@ -294,6 +298,9 @@ def ngram(args) -> int:
                 outs[mode] = list(gen.get_sequence(0)[len(ids) :])
                 tps[mode] = (len(outs[mode]) - 1) / dt
                 rates[mode].append(tps[mode])
+                if mode == "ngram":
+                    stats = gen.get_speculative_stats()
+                    kept.append((stats["accepted"], stats["proposed"], stats["rounds"]))
             ratios.append(tps["ngram"] / tps["plain"])
             agree += outs["ngram"] == outs["plain"]
     print(f"{args.model} n-gram (size 3, up to {args.k} drafts) vs plain greedy, "
@@ -302,6 +309,8 @@ def ngram(args) -> int:
           f"{max(ratios):.2f}); plain {statistics.median(rates['plain']):.1f} tok/s, n-gram "
           f"{statistics.median(rates['ngram']):.1f} tok/s (medians); identical tokens in "
           f"{agree}/{len(ratios)} runs")  # fmt: skip
+    print("  per run: ratio, drafts kept / verified, target passes: " + "; ".join(
+        f"{ratio:.2f}, {a}/{p}, {n}" for ratio, (a, p, n) in zip(ratios, kept)))  # fmt: skip
     return 0
 
 
@@ -455,6 +464,8 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-k", type=int, default=8, help="n-gram: max draft tokens per round")
+    ap.add_argument("--fixed-k", action="store_true",
+                    help="n-gram: always draft up to -k tokens (no adaptive K)")  # fmt: skip
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reference", help="reference: the builder's export of the same weights")
     ap.add_argument("--setting", choices=sorted(SETTINGS),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 _FIRST_WAIT, _LONGEST_WAIT = 4, 64  # plain rounds before a bucket that drafts nothing probes
+_STEP_EVERY = 64  # wide passes between two plain rounds that re-time a one-token step
 
 
 class AdaptiveK:
@@ -23,6 +24,7 @@ class AdaptiveK:
         self.max_k, self.min_k, self.adaptive, self.decay = max_k, min_k, adaptive, decay
         self.extra = 0.5  # r: cost of each extra token in a pass / cost of a one-token pass
         self._step: float | None = None  # seconds of a one-token pass (EMA)
+        self._since_step = 0  # wide passes timed since the last one-token pass
         self._rate: dict[int, float] = {}
         self._k: dict[int, int] = {}
         self._skipped: dict[int, int] = {}  # plain rounds since the last probe
@@ -36,13 +38,21 @@ class AdaptiveK:
     def rate(self, bucket: int = 0) -> float:
         return self._rate.get(bucket, 0.75)
 
+    def wants_plain_step(self) -> bool:
+        """Whether the next round should verify nothing, so that a one-token pass is timed:
+        without one, wide passes cannot be priced and ``extra`` keeps its prior (every round
+        drafting from the start would never measure it)."""
+        return self.adaptive and (self._step is None or self._since_step >= _STEP_EVERY)
+
     def timed(self, width: int, seconds: float) -> None:
         """A target pass over ``width`` tokens took ``seconds``."""
         if width == 1:
             self._step = seconds if self._step is None else 0.8 * self._step + 0.2 * seconds
+            self._since_step = 0
         elif self._step:
             extra = max((seconds - self._step) / (width - 1) / self._step, 0.0)
             self.extra = 0.8 * self.extra + 0.2 * extra
+            self._since_step += 1
 
     def choose(self, bucket: int = 0) -> int:
         """Drafts to verify for a proposal of ``bucket`` (0: draft nothing this round)."""

@@ -122,6 +122,10 @@ class SpeculativeDriver:
         if self._rest > 0:
             self._rest -= 1
             budget = 0
+        elif free and self.k.wants_plain_step() and ran == length - 1:
+            # A lookup drafts in almost every round, so a one-token pass is timed on purpose
+            # (else wide passes are priced by the prior alone).
+            budget = 0
         proposal = self.proposer.propose(seq[:length], budget) if budget > 0 else Proposal(EMPTY)
         if free and proposal.tokens.size:
             budget = min(budget, self.k.choose(proposal.bucket))
