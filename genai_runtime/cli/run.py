@@ -354,18 +354,34 @@ def _bench_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
     return ids[:want]
 
 
+KV_TOKENS = 512  # the context at which bench counts the keys/values a decode step reads
+
+
 def _weight_footprint(model: Any) -> dict[str, Any] | None:
     """The decoder graph's weight bytes per decode step and bits per weight (``show`` prints
-    the same), when its file can be read (onnx, the gguf extra's, is installed)."""
+    the same), the keys/values a step reads at ``KV_TOKENS`` tokens, and, for a folder imported
+    from a GGUF file still on disk, what a step over that file's tensors reads; when the files
+    can be read (onnx and gguf, the gguf extra's, are installed)."""
     decoder = model.spec.sessions.get("decoder")
     if decoder is None or not decoder.file:
         return None
     try:
-        from ..importer.footprint import footprint
+        from ..importer.footprint import footprint, gguf_bytes_per_token
 
-        return footprint(Path(model.model_dir) / decoder.file).describe()
+        out = footprint(Path(model.model_dir) / decoder.file).describe()
     except Exception:  # no onnx, or a graph it cannot parse: bench times it all the same
         return None
+    layout = model.pipeline.plan.layout
+    if layout is not None:
+        out["kv_bytes_at_512_mib"] = round(layout.bytes_per_token(1) * KV_TOKENS / 2**20, 1)
+    record = Path(model.model_dir) / "import.json"
+    try:
+        source = json.loads(record.read_text(encoding="utf-8")).get("source", "")
+        if str(source).endswith(".gguf") and Path(source).is_file():
+            out["gguf_bytes_per_token_mib"] = round(gguf_bytes_per_token(source) / 2**20, 1)
+    except Exception:  # no record, or a source that moved or cannot be read: ours alone
+        pass
+    return out
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -420,8 +436,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if weights:
         print(
             f"  weights read/token: {weights['weight_bytes_per_token_mib']:.1f} MiB "
-            f"({weights['bits_per_weight']:.2f} bits per weight; the KV cache not counted)"
+            f"({weights['bits_per_weight']:.2f} bits per weight)"
         )
+        if "kv_bytes_at_512_mib" in weights:
+            print(f"  KV read/token:       {weights['kv_bytes_at_512_mib']:.1f} MiB at "
+                  f"{KV_TOKENS} tokens")  # fmt: skip
+        if "gguf_bytes_per_token_mib" in weights:
+            print(f"  the GGUF's tensors:  {weights['gguf_bytes_per_token_mib']:.1f} MiB read "
+                  "per token by a step over the source file")  # fmt: skip
     kv = result["kv_cache"]
     if kv:
         print(

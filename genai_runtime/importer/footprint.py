@@ -92,3 +92,22 @@ def footprint(model_file: str | Path) -> Footprint:
         _nbytes(inits[n]) // max(rows, 1) for n, rows in lookups.items() if n not in matrices
     )
     return Footprint(weights, matrix_bytes, lookup_bytes)
+
+
+def gguf_bytes_per_token(path: str | Path) -> int:
+    """The bytes a llama.cpp decode step reads from a GGUF file's tensors, counted the same way:
+    every 2-D tensor once, one row of the token embedding (whole when the head is tied to it,
+    with no ``output.weight``); norms and other vectors left out."""
+    from .gguf_file import read_gguf
+
+    _, tensors = read_gguf(Path(path))
+    total = 0
+    for name, tensor in tensors.items():
+        if len(tensor.shape) < 2:
+            continue
+        rows = tensor.data.shape[0]
+        if name == "token_embd.weight" and "output.weight" in tensors:
+            total += tensor.data.nbytes // max(rows, 1)  # one looked-up row
+        else:
+            total += tensor.data.nbytes
+    return total

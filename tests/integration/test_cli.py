@@ -376,6 +376,9 @@ def test_bench_json(smollm2_2layers_dir):
     # The builder's int4 export: 4-bit codes and an fp32 scale per block of 32, no zero points.
     weights = report["weights"]
     assert weights["bits_per_weight"] == 5.0 and weights["weight_bytes_per_token_mib"] > 0
+    # 2 layers x (K, V) x 3 KV heads x 64 x fp32, at 512 tokens: 1.5 MiB
+    assert weights["kv_bytes_at_512_mib"] == 1.5
+    assert "gguf_bytes_per_token_mib" not in weights  # the builder's export has no GGUF source
 
 
 def test_bench_text_with_prompt(capsys, smollm2_2layers_dir):

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from genai_runtime.cli import main
 from genai_runtime.importer import import_gguf
-from genai_runtime.importer.footprint import footprint
-from genai_runtime.importer.gguf_file import GGUFModel, Tensor
+from genai_runtime.importer.footprint import footprint, gguf_bytes_per_token
+from genai_runtime.importer.gguf_file import GGUFModel, Tensor, read_gguf
 from genai_runtime.importer.quantise import asym_blocks, lean_blocks
 from genai_runtime.importer.weights import to_blocks
 
@@ -138,6 +138,12 @@ def test_lean_import_has_no_offset_matmul_and_reads_fewer_bytes(tmp_path, capsys
     info = json.loads(capsys.readouterr().out)
     assert info["bits_per_weight"] == round(thin.bits_per_weight, 3) < fat.bits_per_weight
     assert info["weight_bytes_per_token_mib"] == round(thin.bytes_per_token / 2**20, 1)
+    # bench sets it beside the GGUF it came from: every matrix of the file once, the tied
+    # embedding whole (it is the head); the file's vectors (norms) not counted
+    _, tensors = read_gguf(path)
+    matrices = sum(t.data.nbytes for t in tensors.values() if len(t.shape) >= 2)
+    assert "output.weight" not in tensors and gguf_bytes_per_token(path) == matrices
+    assert matrices < sum(t.data.nbytes for t in tensors.values())
 
 
 def test_lean_q4_k_embedding_is_gathered_from_the_packed_lean_bytes(tmp_path):
