@@ -62,6 +62,20 @@ def smollm2_2layers_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_fp32_folder(tmp_path_factory) -> Path:
+    """A tiny random GGUF imported at fp32 (accuracy level 0, a 1024-token context): exact
+    arithmetic, where a row's results do not depend on how many rows or tokens a pass runs."""
+    gguf_models = pytest.importorskip("gguf_models", reason="needs the gguf extra")
+    from genai_runtime.importer import import_gguf
+
+    base = tmp_path_factory.mktemp("tiny-fp32")
+    gguf = gguf_models.write_tiny_gguf(
+        base / "tiny.gguf", qtype=gguf_models.Q.Q8_0, dims={"ctx": 1024}
+    )
+    return import_gguf(gguf, base / "model", quant="fp32", accuracy_level=0).out_dir
+
+
+@pytest.fixture(scope="session")
 def gpt2_dir() -> Path:
     return require_shared("fixtures", "onnxruntime-genai", "tiny-random-gpt2-fp32")
 

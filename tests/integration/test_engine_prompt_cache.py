@@ -28,15 +28,8 @@ SYSTEM = (
 
 
 @pytest.fixture(scope="module")
-def fp32_folder(tmp_path_factory) -> Path:
-    gguf_models = pytest.importorskip("gguf_models", reason="needs the gguf extra")
-    from genai_runtime.importer import import_gguf
-
-    base = tmp_path_factory.mktemp("engine-prompt-cache-fp32")
-    gguf = gguf_models.write_tiny_gguf(
-        base / "tiny.gguf", qtype=gguf_models.Q.Q8_0, dims={"ctx": 1024}
-    )
-    return import_gguf(gguf, base / "model", quant="fp32", accuracy_level=0).out_dir
+def fp32_folder(tiny_fp32_folder: Path) -> Path:
+    return tiny_fp32_folder
 
 
 def _prompt(tokenizer: og.Tokenizer, task: str) -> np.ndarray:
