@@ -186,8 +186,9 @@ class ServerHandle:
         try:
             self.state.engine = build_engine(model_dir, **engine_options)
             engine = self.state.engine
-            log.info("model loaded (%s decode; prompt cache: %s)", engine.slots.kind,
-                     engine.prompt_cache_note)  # fmt: skip
+            log.info("model loaded (%s decode; prompt cache: %s; speculation: %s)",
+                     engine.slots.kind, engine.prompt_cache_note,
+                     engine.core.speculation_note)  # fmt: skip
         except Exception as exc:
             self.load_failure = exc
             self.state.load_error = f"the model could not be loaded: {exc}"

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import require_shared
+from conftest import captured_logs, require_shared
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
@@ -96,7 +96,9 @@ def test_speculation_keeps_greedy_and_seeded_replies_exact(fp32_folder: Path) ->
         assert _metrics(handle) == {}  # off: no speculation counters
     finally:
         handle.stop()
-    handle = _serve(fp32_folder, 6)
+    with captured_logs("genai_runtime.server") as logs:
+        handle = _serve(fp32_folder, 6)
+    assert "speculation: prompt lookup, up to 6 drafts per row" in logs[0]
     try:
         spec_replies = _together(handle, greedy)
         spec = _answers(spec_replies), _answers(_together(handle, sampled))
