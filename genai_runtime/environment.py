@@ -15,7 +15,7 @@ from typing import Any
 
 import onnxruntime as ort
 
-from .errors import GenaiRuntimeError
+from .errors import GenaiRuntimeError, first_line
 
 
 def _has(provider: str) -> bool:
@@ -178,7 +178,7 @@ def register_execution_provider_library(registration_name: str, library_path: st
     try:
         ort.register_execution_provider_library(registration_name, library_path)
     except Exception as exc:  # onnxruntime's Fail: missing file, not a library, no devices
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         raise GenaiRuntimeError(
             f"cannot register execution provider library {registration_name!r} from "
             f"{library_path}: {reason}"

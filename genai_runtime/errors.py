@@ -73,3 +73,10 @@ class DownloadError(GenaiRuntimeError):
 
 class TrustError(GenaiRuntimeError):
     """A config asks to run code, and the caller did not pass the explicit trust flag."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what an
+    error that wraps a third-party one quotes."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import onnxruntime as ort
 
+from ..errors import first_line
 from ..session.device import Device
 from .plan import RECURRENT_ROLES, StagePlan
 from .stage import BoundStage, alloc_outputs
@@ -109,7 +110,7 @@ class CudaGraphs:
 
     def failed(self, executor: GraphHost, error: Exception) -> None:
         """A capture or replay that onnxruntime refused: decode uncaptured from now on."""
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = first_line(error)
         executor.graph_note = f"off: capture failed ({reason}); decoding uncaptured"
         for stage in executor.stages:
             stage.bound.graph_options = None

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from ..environment import gpu_device_id, plugin_devices
-from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError
+from ..errors import GenaiRuntimeError, ModelError, TrustError, UnsupportedError, first_line
 from ..session.device import check_provider
 from ..session.graph_io import SessionIO
 from ..session.providers import CPU, RECORD_ASSIGNMENT, check_granted, preload_libraries
@@ -39,6 +39,7 @@ _OPT_LEVELS = {
 # onnxruntime's entry that parks a session's pool threads when a run returns (instead of
 # letting them spin on, taking the cores the next session needs).
 STOP_SPINNING = "session.force_spinning_stop"
+_EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 
 _EXEC_MODES = {
     "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
@@ -168,8 +169,11 @@ def create_session(
     *,
     trust: bool = False,
     turns: bool = False,
+    model_bytes: bytes | None = None,
 ) -> ort.InferenceSession:
-    """Build one session; a missing or unreadable file raises ModelError naming the file."""
+    """Build one session; a missing or unreadable file raises ModelError naming the file.
+    ``model_bytes``: the file's graph as rewritten in memory, run instead of the file (its
+    weights still read beside it)."""
     where = f"pipeline.sessions.{spec.name}"
     check_build_requires(spec.options, where)
     if not path.is_file():
@@ -187,15 +191,12 @@ def create_session(
         # Which nodes each provider took: explain shows it (a provider may take none).
         options.add_session_config_entry(RECORD_ASSIGNMENT, "1")
     model: str | bytes = str(path)
-    if prune.wanted(dict(spec.options.config_entries)):
-        rewritten = _pruned(spec, path)
-        if rewritten is not None:
-            model = rewritten
-            # The bytes keep their external-data references; they resolve beside the file.
-            folder = str(path.parent)
-            options.add_session_config_entry(
-                "session.model_external_initializers_file_folder_path", folder
-            )
+    if model_bytes is None and prune.wanted(dict(spec.options.config_entries)):
+        model_bytes = _pruned(spec, path)
+    if model_bytes is not None:
+        model = model_bytes
+        # The bytes keep their external-data references; they resolve beside the file.
+        options.add_session_config_entry(_EXTERNAL_DATA_FOLDER, str(path.parent))
     requested = list(providers)
     if any(name != CPU for name, _ in requested):
         preload_libraries()
@@ -212,7 +213,7 @@ def create_session(
             enable_fallback=0,
         )
     except Exception as exc:  # onnxruntime raises several unrelated types for a bad file
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         on = [f"{name} device_id {opts['device_id']}" for name, opts in providers
               if "device_id" in opts]  # fmt: skip
         at = f" on {', '.join(on)}" if on else ""
@@ -247,7 +248,7 @@ def _pruned(spec: SessionSpec, path: Path) -> bytes | None:
     except GenaiRuntimeError:
         raise
     except Exception as exc:  # onnx's parse errors; the plain load reports them better
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = first_line(exc)
         where = f"pipeline.sessions.{spec.name}.file"
         raise ModelError(f"{where}: cannot edit {path}: {reason}") from exc
 

@@ -22,14 +22,12 @@ from typing import Any
 
 import onnxruntime as ort
 
-from ..errors import ModelError, UnsupportedError
+from ..errors import UnsupportedError
 from ..spec import SessionSpec
-from .sessions import STOP_SPINNING, session_options
+from .sessions import create_session
 
 _OP, _DOMAIN = "GroupQueryAttention", "com.microsoft"
 _INT32, _INT64 = 6, 7  # onnx TensorProto data types
-_CPU = "CPUExecutionProvider"
-_EXTERNAL = "session.model_external_initializers_file_folder_path"
 
 
 def rows_model_bytes(path: Path) -> tuple[bytes, list[str]] | None:
@@ -142,8 +140,9 @@ def _ints(helper: Any, name: str, values: list[int]) -> Any:
 def verify_session(
     spec: SessionSpec, path: Path, model_dir: Path
 ) -> tuple[ort.InferenceSession, list[str]]:
-    """A CPU session over the rewritten decoder ``path`` with the stage's own session options,
-    and the outputs that hold only the new tokens' keys/values."""
+    """A session over the rewritten decoder ``path`` with the stage's own session options (it
+    takes turns with the decoder's own session, so its threads stop spinning after a run), and
+    the outputs that hold only the new tokens' keys/values."""
     rewritten = rows_model_bytes(path)
     if rewritten is None:
         raise UnsupportedError(
@@ -151,15 +150,4 @@ def verify_session(
             "needs the share-buffer decoder shape"
         )
     data, new_rows = rewritten
-    where = f"pipeline.sessions.{spec.name}.session_options"
-    options = session_options(spec.options, model_dir, False, where)
-    options.add_session_config_entry(_EXTERNAL, str(path.parent))
-    # It takes turns with the decoder's own session: its threads must not spin after a run.
-    if STOP_SPINNING not in spec.options.config_entries:
-        options.add_session_config_entry(STOP_SPINNING, "1")
-    try:
-        session = ort.InferenceSession(data, sess_options=options, providers=[_CPU])
-    except Exception as exc:  # onnxruntime raises several unrelated types
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{path}: the per-row verify graph does not load: {reason}") from exc
-    return session, new_rows
+    return create_session(spec, path, model_dir, turns=True, model_bytes=data), new_rows
