@@ -25,9 +25,9 @@ from ..decoding.processors import Processor
 from ..decoding.stopping import StopPolicy, StopReason, StopRule
 from ..model import Model
 from ..spec import GenerationSpec
+from ..speculative.adaptive import Probe
 from .slots import BatchedSlots, InterleavedSlots
 from .speculation import (
-    Probe,
     RowDrafts,
     RowOffer,
     SpeculationStats,

@@ -27,7 +27,6 @@ from ..speculative.proposers.ngram import NgramProposer
 
 MAX_DRAFTS = 31  # the most drafts per row per pass (five bits, as the Engine API checks it)
 _PRIOR_EXTRA = 0.4  # cost of each extra token per row, as a share of a one-token step
-_FIRST_WAIT, _LONGEST_WAIT = 4, 64
 
 
 class RowDrafts:
@@ -141,22 +140,3 @@ def choose_width(offers: list[RowOffer], costs: WidthCosts, most: int) -> int:
         if gain > best_gain * 1.02:  # a margin against noise in the timings
             best, best_gain = width, gain
     return best
-
-
-class Probe:
-    """When plain steps win while rows have drafts, a two-token pass now and then keeps their
-    acceptance rates current."""
-
-    def __init__(self) -> None:
-        self.wait = _FIRST_WAIT
-        self.skipped = 0
-
-    def due(self) -> bool:
-        self.skipped += 1
-        if self.skipped < self.wait:
-            return False
-        self.skipped = 0
-        return True
-
-    def result(self, accepted: int) -> None:
-        self.wait = _FIRST_WAIT if accepted else min(2 * self.wait, _LONGEST_WAIT)

@@ -6,6 +6,26 @@ _FIRST_WAIT, _LONGEST_WAIT = 4, 64  # plain rounds before a bucket that drafts n
 _STEP_EVERY = 64  # wide passes between two plain rounds that re-time a one-token step
 
 
+class Probe:
+    """When plain rounds win, a draft now and then keeps an acceptance rate current: due after
+    4 plain rounds, and each probe that keeps nothing doubles the wait (up to 64)."""
+
+    def __init__(self) -> None:
+        self.wait = _FIRST_WAIT
+        self.skipped = 0
+
+    def due(self) -> bool:
+        """Count a plain round; True when it is time to probe instead."""
+        self.skipped += 1
+        if self.skipped < self.wait:
+            return False
+        self.skipped = 0
+        return True
+
+    def result(self, accepted: int) -> None:
+        self.wait = _FIRST_WAIT if accepted else min(2 * self.wait, _LONGEST_WAIT)
+
+
 class AdaptiveK:
     """Draft length from the recent acceptance rate and what a wider target pass costs.
 
@@ -27,8 +47,7 @@ class AdaptiveK:
         self._since_step = 0  # wide passes timed since the last one-token pass
         self._rate: dict[int, float] = {}
         self._k: dict[int, int] = {}
-        self._skipped: dict[int, int] = {}  # plain rounds since the last probe
-        self._wait: dict[int, int] = {}  # plain rounds between probes
+        self._probes: dict[int, Probe] = {}  # per bucket whose K is 0
 
     @property
     def k(self) -> int:
@@ -59,19 +78,13 @@ class AdaptiveK:
         k = self._k.get(bucket, self.max_k)
         if k:
             return k
-        skipped = self._skipped.get(bucket, 0) + 1
-        if skipped < self._wait.get(bucket, _FIRST_WAIT):
-            self._skipped[bucket] = skipped
-            return 0
-        self._skipped[bucket] = 0
-        return max(self.min_k, 1)
+        return max(self.min_k, 1) if self._probes.setdefault(bucket, Probe()).due() else 0
 
     def update(self, accepted: int, proposed: int, bucket: int = 0) -> None:
         if not self.adaptive or proposed == 0:
             return
         if self._k.get(bucket) == 0:  # a probe
-            wait = self._wait.get(bucket, _FIRST_WAIT)
-            self._wait[bucket] = _FIRST_WAIT if accepted else min(2 * wait, _LONGEST_WAIT)
+            self._probes.setdefault(bucket, Probe()).result(accepted)
         rate = self._rate[bucket] = (
             self.decay * self.rate(bucket) + (1 - self.decay) * accepted / proposed
         )
