@@ -61,6 +61,14 @@ def smollm2_2layers_dir() -> Path:
     return require_shared("models", "smollm2-135m-instruct-int4-2layers")
 
 
+# A system prompt and tool list that prompt-cache tests resend turn after turn.
+AGENT_SYSTEM = (
+    "You are a careful agent. Tools: read_file(path) returns a file; write_file(path, text) "
+    "writes one; run(cmd) runs a shell command and returns its output; search(query) finds "
+    "code. Think step by step and call one tool at a time. "
+)
+
+
 @pytest.fixture(scope="session")
 def tiny_fp32_folder(tmp_path_factory) -> Path:
     """A tiny random GGUF imported at fp32 (accuracy level 0, a 1024-token context): exact

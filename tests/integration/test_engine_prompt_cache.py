@@ -15,16 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import AGENT_SYSTEM as SYSTEM
 from conftest import require_shared
 
 import genai_runtime as og
 
 SMALL = "smollm2-135m-instruct-int4-2layers"
-SYSTEM = (
-    "You are a careful agent. Tools: read_file(path) returns a file; write_file(path, text) "
-    "writes one; run(cmd) runs a shell command and returns its output; search(query) finds "
-    "code. Think step by step and call one tool at a time. "
-)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import AGENT_SYSTEM as SYSTEM
 from conftest import captured_logs, require_shared
 
 pytest.importorskip("starlette")
@@ -26,11 +27,6 @@ from genai_runtime.server import ServeOptions, ServerHandle
 from genai_runtime.session.device import HOST, Device
 
 SMALL = "smollm2-135m-instruct-int4-2layers"
-SYSTEM = (
-    "You are a careful agent. Tools: read_file(path) returns a file; write_file(path, text) "
-    "writes one; run(cmd) runs a shell command and returns its output; search(query) finds "
-    "code. Think step by step and call one tool at a time. "
-)
 
 
 @pytest.fixture(scope="module")
