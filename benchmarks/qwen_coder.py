@@ -5,7 +5,7 @@ speed against llama.cpp on the same GGUF.
     python benchmarks/qwen_coder.py quality --llama-python SIDE/bin/python [--model ...]
     python benchmarks/qwen_coder.py ngram   [--model ...] [--rounds 3] [--new-tokens 128]
     python benchmarks/qwen_coder.py speed [--llama-python SIDE/bin/python] [--threads 1 2]
-    python benchmarks/qwen_coder.py speed --compare int4 int4-lean [--threads 1 2]
+    python benchmarks/qwen_coder.py speed --compare int4 int4-wide [--llama-python ...] [...]
     python benchmarks/qwen_coder.py reference --reference REF_FOLDER [--new-tokens 64]
 
 The model comes from the pull cache (``genai-runtime pull qwen2.5-coder-0.5b``); the other
@@ -65,10 +65,11 @@ SETTINGS = {  # name -> import settings
     "fp32": {"quant": "fp32"},
     "int4-level0": {"quant": "int4", "accuracy_level": 0},
     "int4": {"quant": "int4"},  # the GGUF's own 4-bit blocks, exact 8-bit for wider ones
+    "int4-wide": {"quant": "int4-wide"},  # as int4, narrow 8-bit blocks widened to 128
     "int4-lean": {"quant": "int4-lean"},  # re-rounded to integer zero points, 8-bit blocks of 32
     "int8": {"quant": "int8"},
 }
-QUALITY_SETTINGS = ("int4-level0", "int4", "int4-lean", "int8")
+QUALITY_SETTINGS = ("int4-level0", "int4", "int4-wide", "int4-lean", "int8")
 GENAI_WORKER = r"""
 import importlib, json, sys, time
 api = importlib.import_module(sys.argv[1])
@@ -389,7 +390,7 @@ def compare(args) -> int:
     gguf = cache_root() / ".gguf" / SOURCES[args.model].filename
     folders = {s: folder_for(args.model, s) for s in args.compare}
     ids = chat_ids(og.Model(str(folders[args.compare[0]])), PROMPTS[0] + " " + PROMPTS[1])
-    order = [f"ours:{s}" for s in args.compare]
+    order = [f"ours:{s}" for s in args.compare] + (["llama.cpp"] if args.llama_python else [])
     base = order[0]
     print(
         f"{args.model}: our imports {', '.join(f'{s} ({f.name})' for s, f in folders.items())} "
@@ -402,20 +403,25 @@ def compare(args) -> int:
             for side in order[r % len(order) :] + order[: r % len(order)]:
                 runs[side].append(run_side(side, args, folders[args.compare[0]], gguf, ids,
                                            threads))  # fmt: skip
-        for side in order[1:]:
+        # each setting against the first; with --llama-python, each setting against llama.cpp
+        pairs = [(side, base) for side in order[1:]]
+        if args.llama_python:
+            pairs = pairs[:-1] + [(side, "llama.cpp") for side in order[:-1]]
+        for side, other in pairs:
             for key in ("prefill", "decode"):
-                ratios = [o[key] / t[key] for o, t in zip(runs[side], runs[base])]
+                ratios = [o[key] / t[key] for o, t in zip(runs[side], runs[other])]
                 mine = statistics.median(s[key] for s in runs[side])
-                theirs = statistics.median(s[key] for s in runs[base])
+                theirs = statistics.median(s[key] for s in runs[other])
                 print(
-                    f"{threads} thread(s) {key:7s}: {side[5:]} {mine:7.1f} tok/s, {base[5:]} "
-                    f"{theirs:7.1f} tok/s; ratio median {statistics.median(ratios):.2f} (min "
-                    f"{min(ratios):.2f}, max {max(ratios):.2f}) over {len(ratios)} rounds"
+                    f"{threads} thread(s) {key:7s}: {side.removeprefix('ours:')} {mine:7.1f} "
+                    f"tok/s, {other.removeprefix('ours:')} {theirs:7.1f} tok/s; ratio median "
+                    f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max "
+                    f"{max(ratios):.2f}) over {len(ratios)} rounds"
                 )
         for side in order:
             spread = [f"{s['prefill']:.1f}/{s['decode']:.1f}" for s in runs[side]]
-            print(f"{threads} thread(s) {side[5:]} prefill/decode tok/s per round: "
-                  f"{', '.join(spread)}")  # fmt: skip
+            print(f"{threads} thread(s) {side.removeprefix('ours:')} prefill/decode tok/s per "
+                  f"round: {', '.join(spread)}")  # fmt: skip
     return 0
 
 

@@ -8,6 +8,10 @@ Per weight matrix (``Linear.plan``):
   ``int8`` 4-bit blocks are widened, still exact); otherwise symmetric round-to-nearest blocks of
   32 (``quantise.rtn_blocks``, what the reference builder writes). 8-bit MatMulNBits is fast only
   with int8 activations, so at accuracy level 0 exact 8-bit blocks are dequantised to fp32.
+- ``int4-wide``: as ``int4``, but at accuracy level 4 narrow 8-bit blocks (Q6_K's 16, Q5_0's 32)
+  become 8-bit blocks of 128 where that adds under a quarter of the source's own rounding noise
+  (``quantise.wide_eight_bit``); Q8_0 stays exact. Faster kernels, fewer bytes; onnxruntime then
+  rounds those matrices' int8 activations per 128 values too.
 - ``int4-lean``: as ``int4``, but blocks that MatMulNBits can hold exactly only with a float
   offset (Q4_K, Q4_1) or with blocks of 16 (Q6_K) are re-rounded to its leaner forms
   (``quantise.lean_blocks``): 4-bit with integer zero points (one MatMulNBits, no offset
@@ -29,10 +33,11 @@ import numpy as np
 
 from .checkpoint import Checkpoint, SourceWeight
 from .graph import BuildReport, GraphBuilder
-from .quantise import LEAN, QUANTS, RTN_BLOCK, lean_blocks, rtn_blocks
+from .quantise import LEAN, QUANTS, RTN_BLOCK, lean_blocks, rtn_blocks, wide_eight_bit
 from .weights import Blocks
 
 FAST_ACCURACY = 4  # MatMulNBits accuracy_level with int8 activations
+WIDE = "int4-wide"  # int4's blocks, narrow 8-bit ones widened where the weights allow
 
 
 @dataclass
@@ -67,6 +72,8 @@ class Linear:
                 return w.fp32(), f"fp32 from {w.kind} (exact; 8-bit blocks need accuracy level 4)"
             if bits == 8:
                 native = native.widened()
+            elif self.quant == WIDE:
+                native, how = wide_eight_bit(native)
             return native, f"int{native.bits} from {w.kind} ({how})"
         return rtn_blocks(w.fp32(), bits), f"int{bits} RTN from {w.kind}"
 
@@ -145,6 +152,8 @@ def embedding(linear: Linear) -> Table:
             how = "exact"
             if linear.quant == LEAN:  # the tied head reads these blocks too
                 native, how = lean_blocks(native, head=linear.ckpt.hyper.tied_embeddings)
+            elif linear.quant == WIDE and linear.accuracy_level >= FAST_ACCURACY:
+                native, how = wide_eight_bit(native)
             linear._record(name, native, f"int{native.bits} from {w.kind} ({how})")
             return Table("embed_tokens", blocks=native)
         if linear.ckpt.hyper.tied_embeddings:
