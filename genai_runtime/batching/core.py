@@ -28,6 +28,7 @@ from ..spec import GenerationSpec
 from ..speculative.adaptive import Probe
 from .slots import BatchedSlots, InterleavedSlots
 from .speculation import (
+    OFFERED,
     RowDrafts,
     RowOffer,
     SpeculationStats,
@@ -133,6 +134,9 @@ class Row:
     logits: np.ndarray | None = None  # next-token logits, once the slot holds every token
     limit: int | None = None  # the most tokens the row may reach (prompt + budget)
     speculator: RowDrafts | None = None  # its lookup drafts, when the core speculates
+    # drafts its caller proposed for the tokens after its history (the Engine API's
+    # set_draft_tokens): verified by the next pass in place of lookup drafts
+    offered: np.ndarray = field(default_factory=lambda: _NO_DRAFTS)
     # a verify pass's drafts not yet checked, and the logits after each of them
     drafts: np.ndarray = field(default_factory=lambda: _NO_DRAFTS)
     ahead: np.ndarray | None = None
@@ -280,6 +284,7 @@ class DecodeCore:
             scored = self.slots.verify(slots, feeds, span)
             for row, feed, rows in zip(single, feeds, scored):
                 row.logits, row.ahead, row.drafts = rows[0], rows[1:], feed[1:]
+                row.offered = _NO_DRAFTS  # now this round's drafts
                 row.processed += 1
                 row.kept = 0
                 if row.drafts.size:
@@ -300,22 +305,32 @@ class DecodeCore:
                 continue
             limit = self.context if row.limit is None else min(row.limit, self.context)
             most = min(self.speculate, limit - len(row.history) - 1)
-            drafts, bucket = row.speculator.propose(row.history.array(), most)
+            if row.offered.size:
+                drafts, bucket = row.offered[: max(most, 0)], OFFERED
+            else:
+                drafts, bucket = row.speculator.propose(row.history.array(), most)
             if drafts.size:
                 proposals[id(row)] = (drafts, bucket)
         self._probing = False
         if not proposals:
             return 1, proposals
+        # a caller's drafts are verified whole: it asked for them (a draft model's, say)
+        asked = max((d.size for d, b in proposals.values() if b == OFFERED), default=0)
         offers = []
         for row in rows:
             drafts, bucket = proposals.get(id(row), (_NO_DRAFTS, 0))
             offers.append(RowOffer(row.speculator if drafts.size else None, int(drafts.size),
                                    bucket, row.emitted, row.spent))  # fmt: skip
-        width = choose_width(offers, self._costs, self.speculate)
+        width = max(choose_width(offers, self._costs, self.speculate), asked + 1)
         if width == 1 and fair_for_all(offers, self._costs, 2) and self._probe.due():
             width, self._probing = 2, True
             self.speculation.probes += 1
         return width, proposals
+
+    def offer(self, row: Row, drafts: np.ndarray) -> None:
+        """The tokens ``row``'s caller expects after its history: its next pass verifies them
+        (up to ``speculate``), and each chosen token that differs from them drops the rest."""
+        row.offered = np.asarray(drafts, np.int64)[: self.speculate]
 
     def follow(self, row: Row) -> bool:
         """After a chosen token joined ``row``'s history: when it is the next draft the verify
@@ -357,6 +372,8 @@ class DecodeCore:
         history = row.history.view() if picker.ops else _NO_HISTORY
         token = int(picker.pick(history, logits, row.rng)[0])
         row.emitted += 1
+        if row.offered.size:  # the caller's drafts hold while the choices follow them
+            row.offered = row.offered[1:] if token == row.offered[0] else _NO_DRAFTS
         complete = picker.commit(np.array([token], np.int32))
         complete = complete is not None and bool(complete[0])
         return Choice(token, complete, model)

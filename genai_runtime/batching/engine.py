@@ -170,9 +170,10 @@ class Request(RequestHandle):
         self._engine.rewind(self._session, turn_id)
 
     def set_draft_tokens(self, tokens: Any) -> None:
-        if np.asarray(tokens).ndim != 1:
-            raise EngineValueError("draft tokens must be a one-dimensional array.")
-        raise EngineError("This engine does not support speculative draft verification.")
+        """Propose the tokens expected after the request's tokens so far (a draft model's, say):
+        its next decode pass verifies them, and the tokens it keeps equal those the request
+        would generate without them. Needs ``Engine(model, speculate=N)``; at most N tokens."""
+        self._engine.offer_drafts(self._session, tokens)
 
     def close(self) -> None:
         """End the request: its queued turn and undelivered events are dropped. Idempotent."""
@@ -323,6 +324,7 @@ class Engine:
             raise EngineError(
                 "BeginTurn is only valid for a new request or after the current turn is complete."
             )
+        self._core.offer(s.row, ())  # drafts proposed after the last turn follow no longer
         ids = self._token_array(tokens)
         if any(e.request is request for e in self._events):
             raise EngineError(
@@ -386,6 +388,7 @@ class Engine:
             raise EngineError("Cannot rewind a closed request.")
         if s.state in (_Session.QUEUED, _Session.ACTIVE):
             raise EngineError("Rewind needs the current turn to be complete (or cancelled) first.")
+        self._core.offer(s.row, ())
         handle = s.handle()
         if any(e.request is handle for e in self._events):
             raise EngineError("Cannot rewind while an event for this request is pending.")
@@ -402,6 +405,22 @@ class Engine:
         row.logits = None
         if row.slot >= 0:
             self._core.slots.rewind(row.slot, row.processed)
+
+    def offer_drafts(self, s: _Session, tokens: Any) -> None:
+        self._boundary()
+        if np.asarray(tokens).ndim != 1:
+            raise EngineValueError("draft tokens must be a one-dimensional array.")
+        if not self._core.speculate:
+            raise EngineError("This engine does not support speculative draft verification.")
+        if s.state == _Session.CLOSED:
+            raise EngineError("Cannot propose drafts for a closed request.")
+        drafts = self._token_array(tokens) if len(tokens) else np.zeros(0, np.int64)
+        if drafts.size > self._core.speculate:
+            raise EngineValueError(
+                f"{drafts.size} draft tokens: at most {self._core.speculate} per proposal "
+                "(max_draft_tokens_per_proposal)"
+            )
+        self._core.offer(s.row, drafts)
 
     def close(self, s: _Session) -> None:
         self._check_owner()

@@ -26,6 +26,7 @@ from ..speculative.adaptive import AdaptiveK
 from ..speculative.proposers.ngram import NgramProposer
 
 MAX_DRAFTS = 31  # the most drafts per row per pass (five bits, as the Engine API checks it)
+OFFERED = -1  # the rate bucket of drafts a caller proposed (lookup buckets are the matched n)
 _PRIOR_EXTRA = 0.4  # cost of each extra token per row, as a share of a one-token step
 
 

@@ -24,6 +24,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("onnx")
 
 import genai_runtime as og
+from genai_runtime.batching.options import EngineError, EngineValueError
 from genai_runtime.batching.slots import BatchedSlots
 from genai_runtime.batching.speculation import RowDrafts, RowOffer, WidthCosts, choose_width
 from genai_runtime.errors import GenaiRuntimeError
@@ -228,3 +229,67 @@ def test_engine_api_speculates_with_the_same_tokens(fp32_folder: Path) -> None:
     assert stats["target_forward_passes"] < plain_stats["target_forward_passes"]
     with pytest.raises(TypeError, match="speculate"):
         og.Engine(model, speculate=32)
+
+
+def test_engine_api_verifies_the_drafts_its_caller_proposes(fp32_folder: Path) -> None:
+    """set_draft_tokens: request 0's caller proposes what the plain run went on to say (as a
+    perfect draft model would), request 1's proposes tokens that are always wrong; both keep
+    the plain tokens, request 0 in far fewer passes."""
+    model = og.Model(str(fp32_folder))
+    plain, _, _ = _engine_tokens(model, 0)
+    engine = og.Engine(model, speculate=6)
+    tokenizer = og.Tokenizer(model)
+    requests = []
+    for text in PROMPTS[:2]:
+        request = engine.create_request()
+        options = og.TurnOptions(request)
+        options.set_max_generated_tokens(40)
+        request.begin_turn(np.asarray(tokenizer.encode(text), np.int32), options)
+        requests.append(request)
+    tokens: dict = {r: [] for r in requests}
+    usage: dict = {}
+    passes: dict = {}  # the engine's passes when each request's turn finished
+    buffer = engine.create_event_buffer(64)
+    vocab = model.vocab_size
+    while engine.has_pending_requests():
+        for event in engine.run(buffer):
+            if event.flags & og.EngineEventFlags.TOKEN:
+                tokens[event.request].append(event.token)
+            if event.flags & og.EngineEventFlags.TURN_FINISHED:
+                usage[event.request] = event.usage
+                passes[event.request] = engine.get_speculative_stats()["target_forward_passes"]
+        for i, request in enumerate(requests):
+            if request in usage:
+                continue
+            ahead = plain[i][len(tokens[request]) : len(tokens[request]) + 6]
+            if i == 1:
+                ahead = [(t + 1) % vocab for t in ahead]
+            request.set_draft_tokens(np.asarray(ahead, np.int32))
+    assert [tokens[r] for r in requests] == plain[:2]
+    exact, wrong = usage[requests[0]], usage[requests[1]]
+    assert exact.draft_tokens >= 30 and exact.accepted_draft_tokens >= exact.draft_tokens - 6
+    assert wrong.draft_tokens >= 30 and wrong.accepted_draft_tokens == 0
+    stats = engine.get_speculative_stats()
+    assert stats["draft_tokens_accepted"] == exact.accepted_draft_tokens
+    # request 0 takes 7 tokens a pass (a prefill, then 40 tokens in 6 passes); request 1 one
+    assert passes[requests[0]] <= 1 + 6 + 2 < 40 <= passes[requests[1]]
+
+
+def test_set_draft_tokens_is_checked(fp32_folder: Path) -> None:
+    model = og.Model(str(fp32_folder))
+    plain = og.Engine(model).create_request()
+    with pytest.raises(EngineError, match="does not support speculative draft verification"):
+        plain.set_draft_tokens(np.array([1, 2], np.int32))
+    engine = og.Engine(model, speculate=3)
+    request = engine.create_request()
+    assert engine.max_draft_tokens_per_proposal() == 3
+    with pytest.raises(EngineValueError, match="at most 3 per proposal"):
+        request.set_draft_tokens(np.arange(4, dtype=np.int32))
+    with pytest.raises(EngineValueError, match="out of the vocabulary"):
+        request.set_draft_tokens(np.array([model.vocab_size], np.int32))
+    with pytest.raises(EngineValueError, match="one-dimensional"):
+        request.set_draft_tokens(np.zeros((1, 2), np.int32))
+    request.set_draft_tokens(np.zeros(0, np.int32))  # nothing to propose: allowed
+    request.close()
+    with pytest.raises(EngineError, match="closed request"):
+        request.set_draft_tokens(np.array([1], np.int32))
