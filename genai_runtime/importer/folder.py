@@ -165,9 +165,9 @@ def check_settings(quant: str, accuracy_level: int, cache: str) -> None:
             f"unknown --accuracy-level {accuracy_level!r}; valid: "
             f"{', '.join(map(str, ACCURACY_LEVELS))}"
         )
-    if quant == "int8" and accuracy_level < FAST_ACCURACY:
+    if quant in ("int8", "int8-wide") and accuracy_level < FAST_ACCURACY:
         raise GenaiRuntimeError(
-            "--quant int8 needs --accuracy-level 4: onnxruntime's 8-bit MatMulNBits with fp32 "
+            f"--quant {quant} needs --accuracy-level 4: onnxruntime's 8-bit MatMulNBits with fp32 "
             "activations runs ~45x slower than fp32 (for exact weights use --quant fp32)"
         )
 

@@ -12,6 +12,10 @@ Per weight matrix (``Linear.plan``):
   become 8-bit blocks of 128 where that adds under a quarter of the source's own rounding noise
   (``quantise.wide_eight_bit``); Q8_0 stays exact. Faster kernels, fewer bytes; onnxruntime then
   rounds those matrices' int8 activations per 128 values too.
+- ``int8-wide``: as ``int8`` (every GGUF block widened to 8 bits), then the same widening to
+  blocks of 128: a Q4_K block's values re-rounded to 8 bits move by about a hundredth of its own
+  rounding noise. More bytes than ``int4``, but onnxruntime's kernel for 8-bit blocks of 128 is
+  the fastest it has for both prefill and decode on CPUs with int8 dot products.
 - ``int4-lean``: as ``int4``, but blocks that MatMulNBits can hold exactly only with a float
   offset (Q4_K, Q4_1) or with blocks of 16 (Q6_K) are re-rounded to its leaner forms
   (``quantise.lean_blocks``): 4-bit with integer zero points (one MatMulNBits, no offset
@@ -37,7 +41,8 @@ from .quantise import LEAN, QUANTS, RTN_BLOCK, lean_blocks, rtn_blocks, wide_eig
 from .weights import Blocks
 
 FAST_ACCURACY = 4  # MatMulNBits accuracy_level with int8 activations
-WIDE = "int4-wide"  # int4's blocks, narrow 8-bit ones widened where the weights allow
+# int4 / int8's blocks with the 8-bit ones widened to 128 values where the weights allow
+WIDE = ("int4-wide", "int8-wide")
 
 
 @dataclass
@@ -72,7 +77,7 @@ class Linear:
                 return w.fp32(), f"fp32 from {w.kind} (exact; 8-bit blocks need accuracy level 4)"
             if bits == 8:
                 native = native.widened()
-            elif self.quant == WIDE:
+            if self.quant in WIDE:
                 native, how = wide_eight_bit(native)
             return native, f"int{native.bits} from {w.kind} ({how})"
         return rtn_blocks(w.fp32(), bits), f"int{bits} RTN from {w.kind}"
@@ -152,7 +157,7 @@ def embedding(linear: Linear) -> Table:
             how = "exact"
             if linear.quant == LEAN:  # the tied head reads these blocks too
                 native, how = lean_blocks(native, head=linear.ckpt.hyper.tied_embeddings)
-            elif linear.quant == WIDE and linear.accuracy_level >= FAST_ACCURACY:
+            elif linear.quant in WIDE and linear.accuracy_level >= FAST_ACCURACY:
                 native, how = wide_eight_bit(native)
             linear._record(name, native, f"int{native.bits} from {w.kind} ({how})")
             return Table("embed_tokens", blocks=native)

@@ -202,7 +202,7 @@ def pull(
     name: str,
     *,
     cache_dir: str | os.PathLike | None = None,
-    quant: str = DEFAULT_QUANT,
+    quant: str | None = None,
     cache: str = "share-buffer",
     accuracy_level: int = DEFAULT_ACCURACY,
     max_seq_len: int | None = None,
@@ -218,8 +218,10 @@ def pull(
     """Make ``<cache>/NAME`` a model folder; returns (folder, whether it was imported now).
 
     A folder already there is checked against the hashes its import recorded (size and mtime;
-    every byte with ``verify``) and imported again when it changed."""
+    every byte with ``verify``) and imported again when it changed. ``quant``: None takes the
+    model's own (``Source.quant``), else the import default."""
     src = source or source_for(name)
+    quant = quant or src.quant or DEFAULT_QUANT
     root = cache_root(cache_dir)
     out = root / name
     if (out / "genai_config.json").is_file() and not force:

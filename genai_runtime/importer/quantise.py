@@ -29,11 +29,12 @@ QUANTS: dict[str, int | None] = {
     "int4-wide": 4,
     "int4-lean": 4,
     "int8": 8,
+    "int8-wide": 8,
     "fp16": None,
     "fp32": None,
 }
 LEAN = "int4-lean"
-# int4-wide: 8-bit blocks narrower than WIDE_EIGHT (Q6_K's 16, Q5_0's 32) become
+# int4-wide / int8-wide: 8-bit blocks narrower than WIDE_EIGHT (Q6_K's 16, Q5_0's 32) become
 # symmetric 8-bit blocks of WIDE_EIGHT when that adds at most WIDE_EIGHT_LIMIT times the source's
 # own rounding noise (its step^2 / 12): onnxruntime's int8-activation kernels run wide blocks
 # faster, and a wide block's scale and zero point cost fewer bytes.

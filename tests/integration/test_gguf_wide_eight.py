@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from genai_runtime.errors import GenaiRuntimeError
 from genai_runtime.importer import import_gguf
 from genai_runtime.importer.footprint import footprint
 from genai_runtime.importer.gguf_file import Tensor
@@ -117,3 +118,42 @@ def test_wide_import_widens_q5_0_where_the_default_keeps_it_exact(tmp_path):
     for folder in (wide, exact):
         err = np.abs(run_logits(folder, PROMPT) - ref).max()
         assert 1e-6 < err <= 0.06 * np.abs(ref).max(), (folder.name, err)
+
+
+def q4_k_blocks(rows: int = 24, cols: int = 512, seed: int = 3):
+    raw = gguf_models.random_q4_k(np.random.default_rng(seed), rows, cols, 0.15)
+    return to_blocks(Tensor("w", (cols, rows), Q.Q4_K, raw))
+
+
+def test_q4_k_widened_to_8bit_blocks_of_128_moves_by_a_sliver_of_its_own_noise():
+    exact = q4_k_blocks()
+    assert (exact.bits, exact.block) == (4, 32) and exact.offsets is not None
+    wide, _ = wide_eight_bit(exact.widened())
+    assert (wide.bits, wide.block) == (8, WIDE_EIGHT) and wide.symmetric and wide.offsets is None
+    err = wide.dequantize() - exact.dequantize()
+    own = np.mean(exact.scales.astype(np.float64) ** 2) / 12  # Q4_K's step^2 / 12
+    assert np.mean(err.astype(np.float64) ** 2) <= 0.05 * own
+    assert wide_eight_bit(exact) == (exact, "exact")  # 4-bit blocks are int4-wide's to keep
+
+
+def test_int8_wide_import_has_only_8bit_blocks_of_128_and_no_offset_matmul(tmp_path):
+    path = gguf_models.write_tiny_gguf(
+        tmp_path / "q4_k.gguf", qtype=Q.Q4_K, dims={"hidden": 256, "ffn": 512}
+    )
+    out = import_gguf(path, tmp_path / "wide", quant="int8-wide").out_dir
+    kinds = json.loads((out / "import.json").read_text())["weights"]
+    assert kinds["int8 from Q4_K (8-bit blocks of 128, re-rounded)"] == 14
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    forms = {
+        (attrs["bits"], attrs["block_size"])
+        for n in graph.node
+        if n.op_type == "MatMulNBits"
+        for attrs in [{a.name: helper.get_attribute_value(a) for a in n.attribute}]
+    }
+    assert (8, WIDE_EIGHT) in forms and not [f for f in forms if f[0] == 4]
+    assert not [i.name for i in graph.initializer if i.name.endswith(".offsets_t")]
+    # (No logits bound here: int8 activations put the random Q4_K model's logits far from its
+    # NumPy forward in every level-4 form, the exact int4 included; the weights are checked
+    # above, onnxruntime's reading of 8-bit blocks of 128 in the Q5_0 tests.)
+    with pytest.raises(GenaiRuntimeError, match="--quant int8-wide needs --accuracy-level 4"):
+        import_gguf(path, tmp_path / "slow", quant="int8-wide", accuracy_level=0)
