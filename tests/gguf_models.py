@@ -225,3 +225,27 @@ def numpy_logits(gguf_path: Path, ids: list[int]) -> np.ndarray:
         x = x + (gate / (1 + np.exp(-gate)) * up) @ _dq(r, p + "ffn_down.weight").T
     x = _rms(x, _dq(r, "output_norm.weight"), eps)
     return (x @ head_w.T)[0]
+
+
+def matmul_nbits_run(blocks, x: np.ndarray) -> np.ndarray:
+    """``x @ W.T`` for ``blocks`` (an importer ``Blocks``) through one onnxruntime MatMulNBits
+    node at accuracy level 0 (fp32 activations), the zero points given when not symmetric."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    n, k = blocks.shape
+    b, scales, zp = blocks.packed()
+    inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales.reshape(n, -1), "S")]
+    if not blocks.symmetric:
+        inits.append(numpy_helper.from_array(zp.reshape(n, -1), "Z"))
+    node = helper.make_node("MatMulNBits", ["A", "B", "S", "Z"][: len(inits) + 1], ["Y"],
+                            domain="com.microsoft", K=k, N=n, bits=blocks.bits,
+                            block_size=blocks.block, accuracy_level=0)  # fmt: skip
+    graph = helper.make_graph(
+        [node], "one", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [x.shape[0], k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [x.shape[0], n])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])  # fmt: skip
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"A": x})[0]

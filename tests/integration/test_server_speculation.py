@@ -193,29 +193,45 @@ def test_speculate_option_is_checked() -> None:
         ServeOptions(speculate=True)
 
 
-def _engine_tokens(model: og.Model, speculate: int) -> tuple[list, list, dict]:
-    """Four requests begun together, greedy, 40 tokens each: their tokens, their last turn's
-    usage and the engine's speculative stats."""
-    engine = og.Engine(model, speculate=speculate)
+def _begun(engine: og.Engine, model: og.Model, prompts: list[str]) -> list:
+    """Requests begun together on ``prompts``, greedy, 40 tokens each."""
     tokenizer = og.Tokenizer(model)
     requests = []
-    for text in PROMPTS:
+    for text in prompts:
         request = engine.create_request()
         options = og.TurnOptions(request)
         options.set_max_generated_tokens(40)
         request.begin_turn(np.asarray(tokenizer.encode(text), np.int32), options)
         requests.append(request)
+    return requests
+
+
+def _drain(engine: og.Engine, requests: list, between=None) -> tuple[list, list, list]:
+    """Runs the engine dry: each request's tokens, its turn's usage and the engine's passes
+    when it finished. ``between(tokens, usage)`` runs after every ``run`` call."""
     tokens: dict = {r: [] for r in requests}
     usage: dict = {}
-    buffer = engine.create_event_buffer(8)
+    passes: dict = {}
+    buffer = engine.create_event_buffer(64)
     while engine.has_pending_requests():
         for event in engine.run(buffer):
             if event.flags & og.EngineEventFlags.TOKEN:
                 tokens[event.request].append(event.token)
             if event.flags & og.EngineEventFlags.TURN_FINISHED:
                 usage[event.request] = event.usage
-    return [tokens[r] for r in requests], [usage[r] for r in requests], (
-        engine.get_speculative_stats())  # fmt: skip
+                passes[event.request] = engine.get_speculative_stats()["target_forward_passes"]
+        if between is not None:
+            between(tokens, usage)
+    return [tokens[r] for r in requests], [usage[r] for r in requests], [
+        passes[r] for r in requests]  # fmt: skip
+
+
+def _engine_tokens(model: og.Model, speculate: int) -> tuple[list, list, dict]:
+    """Four requests begun together: their tokens, their turns' usage and the engine's
+    speculative stats."""
+    engine = og.Engine(model, speculate=speculate)
+    tokens, usage, _ = _drain(engine, _begun(engine, model, PROMPTS))
+    return tokens, usage, engine.get_speculative_stats()
 
 
 def test_engine_api_speculates_with_the_same_tokens(fp32_folder: Path) -> None:
@@ -238,41 +254,25 @@ def test_engine_api_verifies_the_drafts_its_caller_proposes(fp32_folder: Path) -
     model = og.Model(str(fp32_folder))
     plain, _, _ = _engine_tokens(model, 0)
     engine = og.Engine(model, speculate=6)
-    tokenizer = og.Tokenizer(model)
-    requests = []
-    for text in PROMPTS[:2]:
-        request = engine.create_request()
-        options = og.TurnOptions(request)
-        options.set_max_generated_tokens(40)
-        request.begin_turn(np.asarray(tokenizer.encode(text), np.int32), options)
-        requests.append(request)
-    tokens: dict = {r: [] for r in requests}
-    usage: dict = {}
-    passes: dict = {}  # the engine's passes when each request's turn finished
-    buffer = engine.create_event_buffer(64)
+    requests = _begun(engine, model, PROMPTS[:2])
     vocab = model.vocab_size
-    while engine.has_pending_requests():
-        for event in engine.run(buffer):
-            if event.flags & og.EngineEventFlags.TOKEN:
-                tokens[event.request].append(event.token)
-            if event.flags & og.EngineEventFlags.TURN_FINISHED:
-                usage[event.request] = event.usage
-                passes[event.request] = engine.get_speculative_stats()["target_forward_passes"]
+
+    def propose(tokens: dict, usage: dict) -> None:
         for i, request in enumerate(requests):
-            if request in usage:
-                continue
-            ahead = plain[i][len(tokens[request]) : len(tokens[request]) + 6]
-            if i == 1:
-                ahead = [(t + 1) % vocab for t in ahead]
-            request.set_draft_tokens(np.asarray(ahead, np.int32))
-    assert [tokens[r] for r in requests] == plain[:2]
-    exact, wrong = usage[requests[0]], usage[requests[1]]
+            if request not in usage:
+                ahead = plain[i][len(tokens[request]) : len(tokens[request]) + 6]
+                if i == 1:
+                    ahead = [(t + 1) % vocab for t in ahead]
+                request.set_draft_tokens(np.asarray(ahead, np.int32))
+
+    tokens, (exact, wrong), passes = _drain(engine, requests, propose)
+    assert tokens == plain[:2]
     assert exact.draft_tokens >= 30 and exact.accepted_draft_tokens >= exact.draft_tokens - 6
     assert wrong.draft_tokens >= 30 and wrong.accepted_draft_tokens == 0
     stats = engine.get_speculative_stats()
     assert stats["draft_tokens_accepted"] == exact.accepted_draft_tokens
     # request 0 takes 7 tokens a pass (a prefill, then 40 tokens in 6 passes); request 1 one
-    assert passes[requests[0]] <= 1 + 6 + 2 < 40 <= passes[requests[1]]
+    assert passes[0] <= 1 + 6 + 2 < 40 <= passes[1]
 
 
 def test_set_draft_tokens_is_checked(fp32_folder: Path) -> None:
