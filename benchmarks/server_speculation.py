@@ -2,6 +2,7 @@
 
     python benchmarks/server_speculation.py MODEL_DIR [--drafts 8] [--tokens 128] [--rounds 3]
         [--threads 2]
+    python benchmarks/server_speculation.py MODEL_DIR --widths [--threads 2]
 
 Sets of 4 concurrent greedy chat requests, each answered by a server started with
 ``speculate=0`` and one with ``speculate=--drafts`` (one in-process server at a time, on
@@ -20,6 +21,10 @@ decode tokens/s, their medians over rounds, the ratios speculation / plain, whet
 tokens are identical, and the server's acceptance counters. A folder imported with
 ``--accuracy-level 0`` runs int4 weights with fp32 activations, where a wider pass rounds like a
 one-token step.
+
+``--widths``: what a verify pass costs by its width, the server's own slots alone: 4 rows of 300
+tokens, one batched one-token ``decode`` against ``verify`` passes of 1, 2, 3, 5 and 9 tokens per
+row (ms, medians of 6 calls after a warm-up; each call's rows rewound to 300 tokens first).
 """
 
 from __future__ import annotations
@@ -115,6 +120,40 @@ def metrics(url: str) -> dict[str, float]:
     return out
 
 
+def widths(model_dir: str, threads: int, held: int = 300, calls: int = 6) -> None:
+    import numpy as np
+
+    import genai_runtime as og
+    from genai_runtime.batching.slots import BatchedSlots
+
+    config = og.Config(model_dir)
+    options = {"intra_op_num_threads": threads}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    slots = BatchedSlots(og.Model(config), 4, 1024, verify=True)
+    rng = np.random.default_rng(0)
+    rows = [0, 1, 2, 3]
+    for s in rows:
+        slots.prefill(s, rng.integers(100, 5000, held).astype(np.int64), 0)
+
+    def timed(call) -> float:
+        times = []
+        for _ in range(calls + 1):  # the first is a warm-up
+            for s in rows:
+                slots.rewind(s, held)
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:]) * 1e3
+
+    step = timed(lambda: slots.decode(rows, np.array([7, 8, 9, 10])))
+    cells = [f"decode {step:.1f} ms"]
+    for width in (1, 2, 3, 5, 9):
+        feeds = [rng.integers(100, 5000, width).astype(np.int64) for _ in rows]
+        ms = timed(lambda feeds=feeds: slots.verify(rows, feeds))
+        cells.append(f"{width}: {ms:.1f} ({ms / step:.2f})")
+    print(f"{model_dir}, {threads} threads, 4 rows of {held}: " + " | ".join(cells))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model_dir")
@@ -122,7 +161,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--widths", action="store_true", help="time verify passes by width only")
     args = ap.parse_args()
+    if args.widths:
+        widths(args.model_dir, args.threads)
+        return
     sets = {"grounded": (GROUNDED, 1), "open": (OPEN, 1), "grounded-sustained": (GROUNDED, 3)}
     results: dict[tuple[str, int], list] = {}
     replies: dict[tuple[str, int], list] = {}
