@@ -134,10 +134,9 @@ def choose_width(offers: list[RowOffer], costs: WidthCosts, most: int) -> int:
     rows = len(offers)
     best, best_gain = 1, float(rows)
     for width in range(2, most + 2):
-        ratio = costs.ratio(rows, width)
-        if not all(o.fair(ratio, width) for o in offers):
+        if not fair_for_all(offers, costs, width):
             continue
-        gain = sum(o.expected(width) for o in offers) / ratio
+        gain = sum(o.expected(width) for o in offers) / costs.ratio(rows, width)
         if gain > best_gain * 1.02:  # a margin against noise in the timings
             best, best_gain = width, gain
     return best

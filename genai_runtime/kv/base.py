@@ -121,6 +121,20 @@ def write_positions(arrays: Sequence[np.ndarray], start: int, rows: np.ndarray) 
         array[0, :, start:end] = part
 
 
+def check_rows(
+    rows: np.ndarray, row_shape: tuple[np.dtype, tuple[int, int, int]], what: str
+) -> None:
+    """``rows`` are ``[tensors, heads, positions, head size]`` of ``row_shape``'s dtype and
+    sizes (what ``read_rows`` gives); else a GenerationError naming ``what`` they are for."""
+    dtype, (tensors, heads, size) = row_shape
+    if rows.dtype != dtype or rows.ndim != 4 or rows.shape[:2] != (tensors, heads) or (
+            rows.shape[3] != size):  # fmt: skip
+        raise GenerationError(
+            f"rows {rows.dtype}{list(rows.shape)} do not fit {what} "
+            f"{dtype}[{tensors}, {heads}, positions, {size}]"
+        )
+
+
 class PreallocatedBuffers:
     """For caches that allocate their whole buffers up front: a fixed capacity, and every
     buffer's bytes held from the start. On the host the buffers are NumPy arrays (``_arrays``)
@@ -271,13 +285,7 @@ class KVCacheBase:
 
     def write_rows(self, start: int, rows: np.ndarray) -> None:
         self._check_copy()
-        dtype, (tensors, heads, size) = self.row_shape
-        if rows.dtype != dtype or rows.ndim != 4 or rows.shape[:2] != (tensors, heads) or (
-                rows.shape[3] != size):  # fmt: skip
-            raise GenerationError(
-                f"rows {rows.dtype}{list(rows.shape)} do not fit a {self.kind} cache of "
-                f"{dtype}[{tensors}, {heads}, positions, {size}]"
-            )
+        check_rows(rows, self.row_shape, f"a {self.kind} cache of")
         if not 0 <= start <= self.length:
             raise GenerationError(f"a {self.kind} cache holds {self.length} tokens, not {start}")
         self._write(start, rows)

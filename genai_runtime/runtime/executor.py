@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 from ..errors import GenerationError, ModelError, UnsupportedError
 from ..kv import KVCache, KVPlan, make_cache
+from ..kv.base import check_rows
 from ..kv.cross import CrossCache
 from ..session.device import HOST, Device
 from ..session.graph_io import LAST_POSITION_SWITCH
@@ -361,13 +362,8 @@ class Executor:
         them, as if their tokens had run: the next pass continues after them. No logits come
         with them (a pass over the tokens after them gives those)."""
         self._check_copy()
-        dtype, shape = self.cache.row_shape
-        n = rows.shape[2] if rows.ndim == 4 else 0
-        if rows.dtype != dtype or rows.shape[:2] + rows.shape[3:] != (*shape[:2], shape[2]):
-            raise GenerationError(
-                f"rows {rows.dtype}{list(rows.shape)} do not fit this model's keys/values "
-                f"{dtype}[{shape[0]}, {shape[1]}, positions, {shape[2]}]"
-            )
+        check_rows(rows, self.cache.row_shape, "this model's keys/values")  # before the rewind
+        n = rows.shape[2]
         if not 0 <= start <= self.length or start + n > self.max_length:
             raise GenerationError(
                 f"{n} positions at {start} do not fit: {self.length} tokens held, max_length "
