@@ -85,10 +85,11 @@ def profiled_runs(folder: Path, threads: int, contexts: list[int], steps: int, e
             step_walls.append(time.perf_counter() - t0)
         walls.append((prefill, step_walls))
         del gen
+    kv_per_token = model.pipeline.plan.layout.bytes_per_token(1)  # every layer's keys/values
     paths = [session.end_profiling() for session in model.sessions.values()]
     del tokenizer, model
     path = paths[0]
-    return json.loads(Path(path).read_text()), walls[1:]
+    return json.loads(Path(path).read_text()), walls[1:], kv_per_token
 
 
 def split_runs(trace: list[dict]) -> list[tuple[float, dict[str, float]]]:
@@ -117,12 +118,6 @@ def by_kind(runs: list[tuple[float, dict[str, float]]], kinds: dict[str, str]):
         for name, us in times.items():
             total[kinds.get(name, name)] += us
     return total
-
-
-def kv_bytes(folder: Path, context: int) -> int:
-    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-    per_token = 2 * decoder["num_hidden_layers"] * decoder["num_key_value_heads"]
-    return per_token * decoder["head_size"] * 4 * context  # fp32 keys and values
 
 
 KERNEL_FORMS = [  # (bits, block size, zero points, accuracy level)
@@ -203,7 +198,9 @@ def main() -> int:
         parser.error("a model folder, or --kernels")
     entries = dict(item.split("=", 1) for item in args.config_entry)
     extra = entries  # session_options keys holding strings are onnxruntime config entries
-    trace, walls = profiled_runs(args.folder, args.threads, args.contexts, args.steps, extra)
+    trace, walls, kv_per_token = profiled_runs(
+        args.folder, args.threads, args.contexts, args.steps, extra
+    )
     runs = split_runs(trace)
     per_context = args.steps  # the first step picks from the prefill's logits: no run of its own
     runs = runs[-per_context * len(args.contexts) :]
@@ -225,7 +222,7 @@ def main() -> int:
             head = f"\n## context {length}, {phase}: wall {wall * 1e3:.1f} ms"
             head += f" (onnxruntime run {ort_ms:.1f} ms, host {wall * 1e3 - ort_ms:.2f} ms)"
             if phase == "decode":
-                kv = kv_bytes(args.folder, length)
+                kv = kv_per_token * length
                 mib = (weights + kv) / 2**20
                 head += f"; reads {weights / 2**20:.0f} + {kv / 2**20:.0f} MiB KV"
                 head += f" = {mib / wall / 1024:.1f} GiB/s"
