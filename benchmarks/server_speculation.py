@@ -1,7 +1,7 @@
 """Prompt-lookup speculation inside the batched server: N concurrent requests, with and without.
 
     python benchmarks/server_speculation.py MODEL_DIR [--drafts 8] [--tokens 128] [--rounds 3]
-        [--threads 2]
+        [--threads 2] [--sets grounded,edit,open,grounded-sustained]
     python benchmarks/server_speculation.py MODEL_DIR --widths [--threads 2]
 
 Sets of 4 concurrent greedy chat requests, each answered by a server started with
@@ -10,6 +10,9 @@ Sets of 4 concurrent greedy chat requests, each answered by a server started wit
 
 - grounded: the reply copies or edits a text given in the prompt (the first four of
   ``speculative.py``'s prompts), where lookup drafts match;
+- edit: an editor's or agent's edits of a whole given text (rename a function in a module, add
+  type hints to it, correct a message, summarise a passage in its own words), replies of 80-140
+  tokens that mostly copy the given text;
 - open: questions whose replies share little with the prompt, where drafts rarely match;
 - grounded-sustained: four clients each sending three of the five grounded prompts in turn,
   the next as soon as the last reply ends (a full server, where no one slow reply sets the
@@ -40,6 +43,55 @@ from speculative import GROUNDED
 
 from genai_runtime.server import ServerHandle
 
+MODULE = """import math
+
+
+def mean(values):
+    total = 0
+    for v in values:
+        total += v
+    return total / len(values)
+
+
+def variance(values):
+    m = mean(values)
+    return sum((v - m) ** 2 for v in values) / len(values)
+
+
+def std_dev(values):
+    return math.sqrt(variance(values))
+
+
+def normalise(values):
+    m = mean(values)
+    s = std_dev(values)
+    return [(v - m) / s for v in values]
+"""
+NOTE = (
+    "Hi team, their are three things we need too finish before friday. First, the report on "
+    "last quarters sales figures have to be send to the board. Second, we needs to book a room "
+    "for the workshop on monday, because the big room are already taken. Third, everyone should "
+    "updates there timesheets by thursday evening so that payroll can be run on time. Thank you "
+    "all for you're hard work this month."
+)
+REEF = (
+    "The Great Barrier Reef is the world's largest coral reef system, composed of over 2,900 "
+    "individual reefs and 900 islands stretching for over 2,300 kilometres over an area of "
+    "approximately 344,400 square kilometres. The reef is located in the Coral Sea, off the coast "
+    "of Queensland, Australia. It can be seen from outer space and is the world's biggest single "
+    "structure made by living organisms. This reef structure is composed of and built by billions "
+    "of tiny organisms, known as coral polyps. It supports a wide diversity of life and was "
+    "selected as a World Heritage Site in 1981."
+)
+EDIT = [
+    "Rename the function `mean` to `average` everywhere in this module and return the whole "
+    f"module:\n\n```python\n{MODULE}```",
+    "Correct the spelling and grammar mistakes in this message and return the corrected "
+    f"message:\n\n{NOTE}",
+    f"Summarise this passage in three sentences, reusing its wording:\n\n{REEF}",
+    "Add type hints to every function in this module and return the whole module:\n\n"
+    f"```python\n{MODULE}```",
+]
 OPEN = [
     "Write a haiku about the sea.",
     "List three uses of copper and say why each works.",
@@ -162,11 +214,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--widths", action="store_true", help="time verify passes by width only")
+    ap.add_argument("--sets", default="grounded,edit,open,grounded-sustained",
+                    help="comma-separated sets to run")  # fmt: skip
     args = ap.parse_args()
     if args.widths:
         widths(args.model_dir, args.threads)
         return
-    sets = {"grounded": (GROUNDED, 1), "open": (OPEN, 1), "grounded-sustained": (GROUNDED, 3)}
+    sets = {
+        "grounded": (GROUNDED, 1), "edit": (EDIT, 1), "open": (OPEN, 1),
+        "grounded-sustained": (GROUNDED, 3),
+    }  # fmt: skip
+    sets = {name: sets[name] for name in args.sets.split(",")}
     results: dict[tuple[str, int], list] = {}
     replies: dict[tuple[str, int], list] = {}
     counters = {}
