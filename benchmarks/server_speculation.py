@@ -1,7 +1,7 @@
 """Prompt-lookup speculation inside the batched server: N concurrent requests, with and without.
 
     python benchmarks/server_speculation.py MODEL_DIR [--drafts 8] [--tokens 128] [--rounds 3]
-        [--threads 2] [--sets grounded,edit,open,grounded-sustained]
+        [--threads 2] [--sets grounded,edit,open,grounded-sustained] [--draft-model DIR]
     python benchmarks/server_speculation.py MODEL_DIR --widths [--threads 2]
 
 Sets of 4 concurrent greedy chat requests, each answered by a server started with
@@ -24,6 +24,9 @@ decode tokens/s, their medians over rounds, the ratios speculation / plain, whet
 tokens are identical, and the server's acceptance counters. A folder imported with
 ``--accuracy-level 0`` runs int4 weights with fp32 activations, where a wider pass rounds like a
 one-token step.
+
+``--draft-model DIR``: the speculating server drafts with that model (``serve --draft-model``)
+instead of prompt lookup.
 
 ``--widths``: what a verify pass costs by its width, the server's own slots alone: 4 rows of 300
 tokens, one batched one-token ``decode`` against ``verify`` passes of 1, 2, 3, 5 and 9 tokens per
@@ -216,6 +219,7 @@ def main() -> None:
     ap.add_argument("--widths", action="store_true", help="time verify passes by width only")
     ap.add_argument("--sets", default="grounded,edit,open,grounded-sustained",
                     help="comma-separated sets to run")  # fmt: skip
+    ap.add_argument("--draft-model", help="draft with this model folder, not lookups")
     args = ap.parse_args()
     if args.widths:
         widths(args.model_dir, args.threads)
@@ -233,6 +237,7 @@ def main() -> None:
             handle = ServerHandle(
                 args.model_dir, port=0, threads=args.threads, speculate=drafts,
                 prompt_cache_mb=0, prefix_reuse=False,
+                draft_model=args.draft_model if drafts else None,
             )  # fmt: skip
             handle.start(timeout=600)
             try:
@@ -247,7 +252,8 @@ def main() -> None:
             finally:
                 handle.stop()
     print(f"model {args.model_dir}, {args.threads} threads, {args.tokens} tokens, "
-          f"{args.rounds} rounds, up to {args.drafts} drafts")  # fmt: skip
+          f"{args.rounds} rounds, up to {args.drafts} drafts"
+          + (f" from {args.draft_model}" if args.draft_model else ""))  # fmt: skip
     for name in sets:
         plain = results[(name, 0)]
         spec = results[(name, args.drafts)]

@@ -26,9 +26,12 @@ from ..decoding.stopping import StopPolicy, StopReason, StopRule
 from ..model import Model
 from ..spec import GenerationSpec
 from ..speculative.adaptive import Probe
+from .draft_model import BatchDraftModel, check_draft_model
 from .slots import BatchedSlots, InterleavedSlots
 from .speculation import (
+    DRAFTED,
     OFFERED,
+    DraftCost,
     RowDrafts,
     RowOffer,
     SpeculationStats,
@@ -169,7 +172,8 @@ class DecodeCore:
     ``stop_policy``: what the engine does with the stop rule's answers (``stops``).
     ``speculate``: the most prompt-lookup drafts a row verifies per pass (0: none;
     ``batching.speculation``); needs batched slots on the host, which then load a second,
-    per-row verify session.
+    per-row verify session. ``draft``: a smaller model of the same vocabulary whose greedy
+    tokens are the drafts in place of lookups (``batching.draft_model``).
     """
 
     def __init__(
@@ -183,6 +187,7 @@ class DecodeCore:
         adapters: Adapters | None = None,
         stop_policy: StopPolicy | None = None,
         speculate: int = 0,
+        draft: Model | None = None,
     ):
         self.model = model
         self.context = context
@@ -211,8 +216,14 @@ class DecodeCore:
             if speculate > 0:
                 log.warning("speculation %s", self.speculation_note)
             self.speculate = 0
-        else:
+        self.drafter: BatchDraftModel | None = None
+        if self.speculate and draft is not None:
+            check_draft_model(model, draft)
+            self.drafter = BatchDraftModel(draft, num_slots, context)
+            self.speculation_note = f"draft model {self.drafter.name}, up to {speculate} drafts"
+        elif self.speculate:
             self.speculation_note = f"prompt lookup, up to {speculate} drafts per row"
+        self._draft_cost = DraftCost()
         self.speculation = SpeculationStats()
         self._costs = WidthCosts()
         self._probe = Probe()
@@ -300,6 +311,7 @@ class DecodeCore:
     def _width(self, rows: list[Row]) -> tuple[int, dict[int, tuple[np.ndarray, int]]]:
         """The next pass's tokens per row and each drafting row's (drafts, bucket), by id."""
         proposals: dict[int, tuple[np.ndarray, int]] = {}
+        drafting: list[tuple[Row, int]] = []  # rows the draft model may draft for, and how many
         for row in rows:
             if row.speculator is None or row.picker.grammar is not None:
                 continue
@@ -307,15 +319,21 @@ class DecodeCore:
             most = min(self.speculate, limit - len(row.history) - 1)
             if row.offered.size:
                 drafts, bucket = row.offered[: max(most, 0)], OFFERED
+            elif self.drafter is not None:
+                if most > 0:
+                    drafting.append((row, most))
+                continue
             else:
                 drafts, bucket = row.speculator.propose(row.history.array(), most)
             if drafts.size:
                 proposals[id(row)] = (drafts, bucket)
         self._probing = False
+        if drafting:
+            self._draft(rows, drafting, proposals)
         if not proposals:
             return 1, proposals
-        # a caller's drafts are verified whole: it asked for them (a draft model's, say)
-        asked = max((d.size for d, b in proposals.values() if b == OFFERED), default=0)
+        # drafts a caller proposed (or a draft model made) are verified whole: they are paid for
+        asked = max((d.size for d, b in proposals.values() if b in (OFFERED, DRAFTED)), default=0)
         offers = []
         for row in rows:
             drafts, bucket = proposals.get(id(row), (_NO_DRAFTS, 0))
@@ -326,6 +344,32 @@ class DecodeCore:
             width, self._probing = 2, True
             self.speculation.probes += 1
         return width, proposals
+
+    def _draft(self, rows: list[Row], drafting: list[tuple[Row, int]], proposals: dict) -> None:
+        """Run the draft model for ``drafting`` when the drafts it would make are expected to
+        beat plain steps, counting its own steps (and probing now and then when they do not)."""
+        per_draft = self._draft_cost.ratio(self._costs, len(rows))
+        most = dict((id(row), n) for row, n in drafting)
+        offers = [RowOffer(row.speculator if id(row) in most else None, most.get(id(row), 0),
+                           DRAFTED, row.emitted, row.spent) for row in rows]  # fmt: skip
+        k = choose_width(offers, self._costs, self.speculate, per_draft) - 1
+        if k == 0 and fair_for_all(offers, self._costs, 2, per_draft) and self._probe.due():
+            k, self._probing = 1, True
+            self.speculation.probes += 1
+        if k == 0:
+            return
+        started = time.perf_counter()
+        asked = [(row.slot, row.history.array(), min(n, k)) for row, n in drafting]
+        drafts = self.drafter.propose(asked)
+        seconds = time.perf_counter() - started
+        if self.drafter.prefilled <= k + 1:  # a new row's prompt is not a round's cost
+            self._draft_cost.timed(k, seconds)
+        step = self._costs.seconds.get((len(rows), 1))
+        spent = seconds / step if step else per_draft * k
+        for row in rows:
+            row.spent += spent
+        for (row, _), tokens in zip(drafting, drafts):
+            proposals[id(row)] = (tokens, DRAFTED)
 
     def offer(self, row: Row, drafts: np.ndarray) -> None:
         """The tokens ``row``'s caller expects after its history: its next pass verifies them

@@ -27,7 +27,9 @@ from ..speculative.proposers.ngram import NgramProposer
 
 MAX_DRAFTS = 31  # the most drafts per row per pass (five bits, as the Engine API checks it)
 OFFERED = -1  # the rate bucket of drafts a caller proposed (lookup buckets are the matched n)
+DRAFTED = -2  # the rate bucket of a draft model's drafts
 _PRIOR_EXTRA = 0.4  # cost of each extra token per row, as a share of a one-token step
+_PRIOR_DRAFT = 0.3  # cost of a draft model's step, as a share of the model's own
 
 
 class RowDrafts:
@@ -121,22 +123,44 @@ class RowOffer:
         return self.spent + ratio <= (self.emitted + self.expected(width)) / SLOWEST
 
 
-def fair_for_all(offers: list[RowOffer], costs: WidthCosts, width: int) -> bool:
-    ratio = costs.ratio(len(offers), width)
+def fair_for_all(
+    offers: list[RowOffer], costs: WidthCosts, width: int, per_draft: float = 0.0
+) -> bool:
+    ratio = costs.ratio(len(offers), width) + per_draft * (width - 1)
     return all(o.fair(ratio, width) for o in offers)
 
 
-def choose_width(offers: list[RowOffer], costs: WidthCosts, most: int) -> int:
+def choose_width(
+    offers: list[RowOffer], costs: WidthCosts, most: int, per_draft: float = 0.0
+) -> int:
     """The tokens per row of the next pass (1: a plain step): the width whose expected tokens
     over all rows, per unit of cost, beats a plain step by the most, among the widths that keep
     every row's own rate, over its life, at ``SLOWEST`` of plain steps' or more (a row that
-    drafts nothing pays for a wide pass out of the slack plain steps leave it)."""
+    drafts nothing pays for a wide pass out of the slack plain steps leave it). ``per_draft``:
+    what producing each draft costs besides the pass (a draft model's step), in one-token
+    steps."""
     rows = len(offers)
     best, best_gain = 1, float(rows)
     for width in range(2, most + 2):
-        if not fair_for_all(offers, costs, width):
+        if not fair_for_all(offers, costs, width, per_draft):
             continue
-        gain = sum(o.expected(width) for o in offers) / costs.ratio(rows, width)
+        cost = costs.ratio(rows, width) + per_draft * (width - 1)
+        gain = sum(o.expected(width) for o in offers) / cost
         if gain > best_gain * 1.02:  # a margin against noise in the timings
             best, best_gain = width, gain
     return best
+
+
+@dataclass
+class DraftCost:
+    """A draft model's seconds per draft (a moving average), as a share of a one-token step."""
+
+    seconds: float | None = None
+
+    def timed(self, drafts: int, seconds: float) -> None:
+        each = seconds / drafts
+        self.seconds = each if self.seconds is None else 0.8 * self.seconds + 0.2 * each
+
+    def ratio(self, costs: WidthCosts, rows: int) -> float:
+        step = costs.seconds.get((rows, 1))
+        return self.seconds / step if self.seconds and step else _PRIOR_DRAFT

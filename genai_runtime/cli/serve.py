@@ -52,6 +52,9 @@ def add_parsers(sub: Any) -> None:
                    help="prompt-lookup speculation: verify up to N drafted tokens per request "
                    "per pass, batched (0: off, the default; on costs a second copy of the "
                    "weights in memory)")  # fmt: skip
+    p.add_argument("--draft-model", metavar="DIR",
+                   help="with --speculate: a smaller model folder of the same tokenizer whose "
+                   "greedy tokens are the drafts, for every request at once")  # fmt: skip
     add_device_arg(p)
     p.add_argument(
         "--special-tokens-in-messages", action="store_true",
@@ -81,6 +84,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return "serve: --replicas is for --ray"
     if args.api_key is not None and not args.api_key.strip():
         return "serve: --api-key is blank (a key anyone can send); give a real key or none"
+    if args.draft_model is not None and not args.speculate:
+        return "serve: --draft-model needs --speculate N (the most drafts per pass)"
     names = [name for name, _ in args.adapter]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -92,7 +97,7 @@ def _engine_extras(args: argparse.Namespace) -> dict[str, Any]:
     """The prompt cache's and speculation's options."""
     return dict(prompt_cache_mb=args.prompt_cache_mb, prompt_cache_dir=args.prompt_cache_dir,
                 prompt_cache_disk_mb=args.prompt_cache_disk_mb,
-                speculate=args.speculate)  # fmt: skip
+                speculate=args.speculate, draft_model=args.draft_model)  # fmt: skip
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

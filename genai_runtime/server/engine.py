@@ -108,11 +108,13 @@ class ServerEngine:
         prompt_cache_disk_mb: int = DEFAULT_DISK_MB,
         prompt_cache_block: int = BLOCK_TOKENS,
         speculate: int = 0,
+        draft: Model | None = None,
     ):
         """``prompt_cache_mb``: the prompt cache's memory budget (0: no prompt cache);
         ``prompt_cache_dir``: where it is kept across restarts, within ``prompt_cache_disk_mb``;
         ``prompt_cache_block``: tokens per cached block; ``speculate``: the most prompt-lookup
-        drafts each row verifies per pass (0: none, ``batching.speculation``)."""
+        drafts each row verifies per pass (0: none, ``batching.speculation``); ``draft``: a
+        smaller model of the same vocabulary whose tokens are the drafts instead."""
         self.model = model
         self.adapters = adapters
         self.prefix_reuse = prefix_reuse
@@ -125,7 +127,7 @@ class ServerEngine:
             self.context_source = "--max-context"
         self.core = DecodeCore(
             model, num_slots=max_active, context=self.context, batched=batched,
-            adapters=adapters, speculate=speculate,
+            adapters=adapters, speculate=speculate, draft=draft,
         )  # fmt: skip
         self.slots = self.core.slots
         self.prompt_cache, self.prompt_cache_note = open_prompt_cache(

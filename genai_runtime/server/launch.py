@@ -87,6 +87,15 @@ def build_engine(
         config.set_threads(threads)
     if engine_options.get("speculate"):  # the decoder and its verify session take turns
         config.set_session_config_entry(STOP_SPINNING, "1")
+    draft_dir = engine_options.pop("draft_model", None)
+    if draft_dir is not None:  # on the same device and threads as the model
+        draft = Config(str(draft_dir))
+        if device:
+            draft.use_device(device)
+        if threads is not None:
+            draft.set_threads(threads)
+        draft.set_session_config_entry(STOP_SPINNING, "1")
+        engine_options["draft"] = Model(draft)
     return engine_over(Model(config), adapters, **engine_options)
 
 
@@ -271,6 +280,7 @@ class ServeOptions:
     prompt_cache_dir: str | None = None
     prompt_cache_disk_mb: int = DEFAULT_DISK_MB
     speculate: int = 0  # prompt-lookup drafts per request per pass (0: none)
+    draft_model: str | None = None  # a folder whose greedy tokens are the drafts instead
 
     def __post_init__(self) -> None:
         speculate = self.speculate
@@ -279,6 +289,8 @@ class ServeOptions:
             raise GenaiRuntimeError(
                 f"speculate must be an integer from 0 to {MAX_DRAFTS}, got {speculate!r}"
             )
+        if self.draft_model is not None and not speculate:
+            raise GenaiRuntimeError("a draft model needs speculate: the most drafts per pass")
         check_limits(
             max_queued=self.max_queued, max_active=self.max_active, max_context=self.max_context,
             max_body=self.max_body, timeout=self.timeout, read_timeout=self.read_timeout,
@@ -301,6 +313,7 @@ class ServeOptions:
             prompt_cache_dir=self.prompt_cache_dir,
             prompt_cache_disk_mb=self.prompt_cache_disk_mb,
             speculate=self.speculate,
+            draft_model=self.draft_model,
         )
 
     def state(self, folder_name: str, **more: Any) -> ServerState:
