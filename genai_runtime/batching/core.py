@@ -228,6 +228,7 @@ class DecodeCore:
         self._costs = WidthCosts()
         self._probe = Probe()
         self._probing = False
+        self._draft_probed = False  # the last draft-model round was a probe
         self.vocab_size = model.vocab_size
         self.stops = StopRule(model.spec.tokens.eos, self.vocab_size or 0, stop_policy)
         self.eos = self.stops.eos
@@ -268,6 +269,8 @@ class DecodeCore:
                 tokens = row.history.array()[row.processed :]
                 row.logits = self.slots.prefill(row.slot, tokens, row.processed, row.adapter)
                 row.processed = len(row.history)
+                if self.drafter is not None and row.speculator is not None:
+                    self.drafter.prefill(row.slot, row.history.array())
             elif row.pending == 1:
                 single.append(row)
         if not single:
@@ -347,14 +350,19 @@ class DecodeCore:
 
     def _draft(self, rows: list[Row], drafting: list[tuple[Row, int]], proposals: dict) -> None:
         """Run the draft model for ``drafting`` when the drafts it would make are expected to
-        beat plain steps, counting its own steps (and probing now and then when they do not)."""
+        beat plain steps, counting its own steps. When they do not, a one-draft probe now and
+        then; its wait doubles while drafting still does not pay after it (a probe costs the
+        draft model's catching up on every token since its last round)."""
         per_draft = self._draft_cost.ratio(self._costs, len(rows))
         most = dict((id(row), n) for row, n in drafting)
         offers = [RowOffer(row.speculator if id(row) in most else None, most.get(id(row), 0),
                            DRAFTED, row.emitted, row.spent) for row in rows]  # fmt: skip
         k = choose_width(offers, self._costs, self.speculate, per_draft) - 1
+        if self._draft_probed:  # a probe succeeds when drafting pays after it
+            self._probe.result(k)
+            self._draft_probed = False
         if k == 0 and fair_for_all(offers, self._costs, 2, per_draft) and self._probe.due():
-            k, self._probing = 1, True
+            k, self._draft_probed = 1, True
             self.speculation.probes += 1
         if k == 0:
             return
@@ -362,10 +370,10 @@ class DecodeCore:
         asked = [(row.slot, row.history.array(), min(n, k)) for row, n in drafting]
         drafts = self.drafter.propose(asked)
         seconds = time.perf_counter() - started
-        if self.drafter.prefilled <= k + 1:  # a new row's prompt is not a round's cost
-            self._draft_cost.timed(k, seconds)
+        if not self.drafter.prefilled and self.drafter.steps <= k + 1:  # a steady round
+            self._draft_cost.timed(self.drafter.steps, seconds)
         step = self._costs.seconds.get((len(rows), 1))
-        spent = seconds / step if step else per_draft * k
+        spent = seconds / step if step else per_draft * (k + 1)
         for row in rows:
             row.spent += spent
         for (row, _), tokens in zip(drafting, drafts):

@@ -35,6 +35,9 @@ def check_draft_model(target: Model, draft: Model) -> None:
         raise ModelError(f"the draft model cannot decode a batch: {why}")
 
 
+_BATCHED_CATCH_UP = 8  # a row further behind than this prefills alone before drafting
+
+
 class BatchDraftModel:
     """Greedy drafts from a second model for the rows of a batch (see the module's text)."""
 
@@ -44,21 +47,29 @@ class BatchDraftModel:
         self._held = np.zeros((num_slots, context), np.int64)  # the tokens each slot holds
         self._lengths = np.zeros(num_slots, np.int64)
         self.prefilled = 0  # the most tokens one row caught up by in the last round
+        self.steps = 0  # the batched steps the last round ran
 
-    def _catch_up(self, slot: int, history: np.ndarray) -> np.ndarray | None:
-        """Bring the slot to ``history``; its next-token logits when that took a prefill, None
-        when one token is left for the batched step (the slot then holds all but the last)."""
-        n = min(int(self._lengths[slot]), history.size - 1)  # the last token always runs
+    def _keep_shared(self, slot: int, history: np.ndarray, most: int) -> int:
+        """Rewind the slot to the longest prefix (at most ``most`` tokens) it shares with
+        ``history``; that prefix's length."""
+        n = min(int(self._lengths[slot]), most)
         differ = np.flatnonzero(self._held[slot, :n] != history[:n])
         same = int(differ[0]) if differ.size else n
         self.slots.rewind(slot, same)
         self._lengths[slot] = same
-        if history.size - same == 1:
-            return None
-        self.prefilled = max(self.prefilled, history.size - same)
-        logits = self.slots.prefill(slot, history[same:], same)
-        self._hold(slot, history[same:])
+        return same
+
+    def _run(self, slot: int, history: np.ndarray, start: int) -> np.ndarray:
+        logits = self.slots.prefill(slot, history[start:], start)
+        self._hold(slot, history[start:])
         return logits
+
+    def prefill(self, slot: int, history: np.ndarray) -> None:
+        """Hold all of ``history`` (a prompt, as the model prefills it): the rounds after it
+        then catch up by the few tokens each pass keeps."""
+        same = self._keep_shared(slot, history, history.size)
+        if same < history.size:
+            self._run(slot, history, same)
 
     def _hold(self, slot: int, tokens: np.ndarray) -> None:
         start = int(self._lengths[slot])
@@ -66,26 +77,42 @@ class BatchDraftModel:
         self._lengths[slot] = start + tokens.size
 
     def propose(self, rows: list[tuple[int, np.ndarray, int]]) -> list[np.ndarray]:
-        """Each (slot, history, most) row's greedy drafts, ``most`` of them (at least one)."""
-        drafts = np.zeros((len(rows), max(most for _, _, most in rows)), np.int64)
-        stepping = []  # rows whose last token runs in the batched step
+        """Each (slot, history, most) row's greedy drafts, ``most`` of them (at least one).
+
+        Each row feeds the tokens of its history its slot lacks (after a pass: the drafts it
+        kept and the token after them), then its own drafts, one token per batched step; rows
+        end their history in the same step, so they draft in step. A row far behind (a long
+        pause in drafting) prefills all but its last token first."""
         self.prefilled = 0
-        for i, (slot, history, _) in enumerate(rows):
-            logits = self._catch_up(slot, history)
-            if logits is None:
-                stepping.append(i)
-            else:
-                drafts[i, 0] = np.argmax(logits)
-        for step in range(drafts.shape[1]):
-            # step 0 runs each caught-up row's last token; later steps its last draft
-            going = stepping if step == 0 else [i for i, r in enumerate(rows) if r[2] > step]
-            if not going:
-                continue
-            last = drafts[going, step - 1] if step else [rows[i][1][-1] for i in going]
-            last = np.asarray(last, np.int64)
+        behind = []  # per row: the history tokens its slot lacks
+        for slot, history, _ in rows:
+            same = self._keep_shared(slot, history, history.size - 1)  # the last one runs
+            if history.size - same > _BATCHED_CATCH_UP:
+                self.prefilled = max(self.prefilled, history.size - same)
+                self._run(slot, history[:-1], same)
+                same = history.size - 1
+            behind.append(history[same:])
+        lag = max(b.size for b in behind)
+        most = [m for _, _, m in rows]
+        drafts = np.zeros((len(rows), max(most)), np.int64)
+        self.steps = lag + max(most) - 1
+        for step in range(self.steps):
+            going, feed = [], []
+            for i, b in enumerate(behind):
+                at = step - (lag - b.size)  # this row's place in its history, then its drafts
+                if 0 <= at < b.size:
+                    going.append(i)
+                    feed.append(b[at])
+                elif b.size <= at < b.size + most[i] - 1:
+                    going.append(i)
+                    feed.append(drafts[i, at - b.size])
             slots = [rows[i][0] for i in going]
-            logits = self.slots.decode(slots, last)
-            self._held[slots, self._lengths[slots]] = last
+            tokens = np.asarray(feed, np.int64)
+            logits = self.slots.decode(slots, tokens)
+            self._held[slots, self._lengths[slots]] = tokens
             self._lengths[slots] += 1
-            drafts[going, step] = np.argmax(logits, axis=1)
-        return [drafts[i, :most] for i, (_, _, most) in enumerate(rows)]
+            for i, values in zip(going, logits):
+                at = step - (lag - behind[i].size)
+                if at >= behind[i].size - 1:  # past its history: the next draft
+                    drafts[i, at - behind[i].size + 1] = np.argmax(values)
+        return [drafts[i, :m] for i, m in enumerate(most)]

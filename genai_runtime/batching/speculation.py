@@ -29,7 +29,7 @@ MAX_DRAFTS = 31  # the most drafts per row per pass (five bits, as the Engine AP
 OFFERED = -1  # the rate bucket of drafts a caller proposed (lookup buckets are the matched n)
 DRAFTED = -2  # the rate bucket of a draft model's drafts
 _PRIOR_EXTRA = 0.4  # cost of each extra token per row, as a share of a one-token step
-_PRIOR_DRAFT = 0.3  # cost of a draft model's step, as a share of the model's own
+_PRIOR_DRAFT = 0.3  # cost of a draft model's batched step, as a share of the model's own
 
 
 class RowDrafts:
@@ -126,7 +126,7 @@ class RowOffer:
 def fair_for_all(
     offers: list[RowOffer], costs: WidthCosts, width: int, per_draft: float = 0.0
 ) -> bool:
-    ratio = costs.ratio(len(offers), width) + per_draft * (width - 1)
+    ratio = costs.ratio(len(offers), width) + per_draft * width
     return all(o.fair(ratio, width) for o in offers)
 
 
@@ -137,14 +137,14 @@ def choose_width(
     over all rows, per unit of cost, beats a plain step by the most, among the widths that keep
     every row's own rate, over its life, at ``SLOWEST`` of plain steps' or more (a row that
     drafts nothing pays for a wide pass out of the slack plain steps leave it). ``per_draft``:
-    what producing each draft costs besides the pass (a draft model's step), in one-token
-    steps."""
+    what making the drafts costs besides the pass, per token of its width, in one-token steps
+    (a draft model runs a step per draft and one to catch up on the last pass's tokens)."""
     rows = len(offers)
     best, best_gain = 1, float(rows)
     for width in range(2, most + 2):
         if not fair_for_all(offers, costs, width, per_draft):
             continue
-        cost = costs.ratio(rows, width) + per_draft * (width - 1)
+        cost = costs.ratio(rows, width) + per_draft * width
         gain = sum(o.expected(width) for o in offers) / cost
         if gain > best_gain * 1.02:  # a margin against noise in the timings
             best, best_gain = width, gain
@@ -153,12 +153,13 @@ def choose_width(
 
 @dataclass
 class DraftCost:
-    """A draft model's seconds per draft (a moving average), as a share of a one-token step."""
+    """A draft model's seconds per batched step (a moving average), as a share of the model's
+    one-token step."""
 
     seconds: float | None = None
 
-    def timed(self, drafts: int, seconds: float) -> None:
-        each = seconds / drafts
+    def timed(self, steps: int, seconds: float) -> None:
+        each = seconds / steps
         self.seconds = each if self.seconds is None else 0.8 * self.seconds + 0.2 * each
 
     def ratio(self, costs: WidthCosts, rows: int) -> float:
