@@ -229,6 +229,9 @@ class DecodeCore:
         self._probe = Probe()
         self._probing = False
         self._draft_probed = False  # the last draft-model round was a probe
+        # whether the draft model's drafts paid at the last choice (until one: whether there
+        # is a draft model); while they do not, prompts are not prefilled into its slots
+        self._drafting = self.drafter is not None
         self.vocab_size = model.vocab_size
         self.stops = StopRule(model.spec.tokens.eos, self.vocab_size or 0, stop_policy)
         self.eos = self.stops.eos
@@ -269,7 +272,7 @@ class DecodeCore:
                 tokens = row.history.array()[row.processed :]
                 row.logits = self.slots.prefill(row.slot, tokens, row.processed, row.adapter)
                 row.processed = len(row.history)
-                if self.drafter is not None and row.speculator is not None:
+                if self._drafting and row.speculator is not None:  # beside the model's
                     self.drafter.prefill(row.slot, row.history.array())
             elif row.pending == 1:
                 single.append(row)
@@ -351,19 +354,24 @@ class DecodeCore:
     def _draft(self, rows: list[Row], drafting: list[tuple[Row, int]], proposals: dict) -> None:
         """Run the draft model for ``drafting`` when the drafts it would make are expected to
         beat plain steps, counting its own steps. When they do not, a one-draft probe now and
-        then; its wait doubles while drafting still does not pay after it (a probe costs the
-        draft model's catching up on every token since its last round)."""
+        then for the rows whose draft slots are a few tokens behind (prompts are prefilled into
+        the draft slots only while drafting pays); its wait doubles while drafting still does
+        not pay after it."""
         per_draft = self._draft_cost.ratio(self._costs, len(rows))
         most = dict((id(row), n) for row, n in drafting)
         offers = [RowOffer(row.speculator if id(row) in most else None, most.get(id(row), 0),
                            DRAFTED, row.emitted, row.spent) for row in rows]  # fmt: skip
         k = choose_width(offers, self._costs, self.speculate, per_draft) - 1
+        self._drafting = k > 0
         if self._draft_probed:  # a probe succeeds when drafting pays after it
             self._probe.result(k)
             self._draft_probed = False
         if k == 0 and fair_for_all(offers, self._costs, 2, per_draft) and self._probe.due():
-            k, self._draft_probed = 1, True
-            self.speculation.probes += 1
+            # a probe drafts only for rows whose draft slots catch up in batched steps
+            drafting = [(r, n) for r, n in drafting if self.drafter.near(r.slot, len(r.history))]
+            if drafting:
+                k, self._draft_probed = 1, True
+                self.speculation.probes += 1
         if k == 0:
             return
         started = time.perf_counter()

@@ -35,7 +35,7 @@ def check_draft_model(target: Model, draft: Model) -> None:
         raise ModelError(f"the draft model cannot decode a batch: {why}")
 
 
-_BATCHED_CATCH_UP = 8  # a row further behind than this prefills alone before drafting
+BATCHED_CATCH_UP = 8  # a row further behind than this prefills alone before drafting
 
 
 class BatchDraftModel:
@@ -48,6 +48,10 @@ class BatchDraftModel:
         self._lengths = np.zeros(num_slots, np.int64)
         self.prefilled = 0  # the most tokens one row caught up by in the last round
         self.steps = 0  # the batched steps the last round ran
+
+    def near(self, slot: int, length: int) -> bool:
+        """Whether the slot can catch up with a ``length``-token history in batched steps."""
+        return length - int(self._lengths[slot]) <= BATCHED_CATCH_UP
 
     def _keep_shared(self, slot: int, history: np.ndarray, most: int) -> int:
         """Rewind the slot to the longest prefix (at most ``most`` tokens) it shares with
@@ -87,7 +91,7 @@ class BatchDraftModel:
         behind = []  # per row: the history tokens its slot lacks
         for slot, history, _ in rows:
             same = self._keep_shared(slot, history, history.size - 1)  # the last one runs
-            if history.size - same > _BATCHED_CATCH_UP:
+            if history.size - same > BATCHED_CATCH_UP:
                 self.prefilled = max(self.prefilled, history.size - same)
                 self._run(slot, history[:-1], same)
                 same = history.size - 1
