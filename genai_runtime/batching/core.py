@@ -26,7 +26,7 @@ from ..decoding.stopping import StopPolicy, StopReason, StopRule
 from ..model import Model
 from ..spec import GenerationSpec
 from ..speculative.adaptive import Probe
-from .draft_model import BatchDraftModel, check_draft_model
+from .draft_model import BATCHED_CATCH_UP, BatchDraftModel, check_draft_model
 from .slots import BatchedSlots, InterleavedSlots
 from .speculation import (
     DRAFTED,
@@ -229,9 +229,6 @@ class DecodeCore:
         self._probe = Probe()
         self._probing = False
         self._draft_probed = False  # the last draft-model round was a probe
-        # whether the draft model's drafts paid at the last choice (until one: whether there
-        # is a draft model); while they do not, prompts are not prefilled into its slots
-        self._drafting = self.drafter is not None
         self.vocab_size = model.vocab_size
         self.stops = StopRule(model.spec.tokens.eos, self.vocab_size or 0, stop_policy)
         self.eos = self.stops.eos
@@ -272,7 +269,7 @@ class DecodeCore:
                 tokens = row.history.array()[row.processed :]
                 row.logits = self.slots.prefill(row.slot, tokens, row.processed, row.adapter)
                 row.processed = len(row.history)
-                if self._drafting and row.speculator is not None:  # beside the model's
+                if self.drafter is not None and row.speculator is not None:  # as the model
                     self.drafter.prefill(row.slot, row.history.array())
             elif row.pending == 1:
                 single.append(row)
@@ -353,35 +350,34 @@ class DecodeCore:
 
     def _draft(self, rows: list[Row], drafting: list[tuple[Row, int]], proposals: dict) -> None:
         """Run the draft model for ``drafting`` when the drafts it would make are expected to
-        beat plain steps, counting its own steps. When they do not, a one-draft probe now and
-        then for the rows whose draft slots are a few tokens behind (prompts are prefilled into
-        the draft slots only while drafting pays); its wait doubles while drafting still does
-        not pay after it."""
+        beat plain steps, counting its own steps: one per draft, and those it takes to catch up
+        on the tokens since its last round beyond the last (a row far behind prefills, priced
+        as ``BATCHED_CATCH_UP`` steps). When they do not pay, a one-draft probe now and then,
+        within each row's slack; its wait doubles while drafting still does not pay after it."""
         per_draft = self._draft_cost.ratio(self._costs, len(rows))
+        lag = max(self.drafter.lag(row.slot, len(row.history)) for row, _ in drafting)
+        catch_up = per_draft * (min(lag, BATCHED_CATCH_UP) - 1)  # steps beyond one per draft
         most = dict((id(row), n) for row, n in drafting)
         offers = [RowOffer(row.speculator if id(row) in most else None, most.get(id(row), 0),
                            DRAFTED, row.emitted, row.spent) for row in rows]  # fmt: skip
-        k = choose_width(offers, self._costs, self.speculate, per_draft) - 1
-        self._drafting = k > 0
+        k = choose_width(offers, self._costs, self.speculate, per_draft, catch_up) - 1
         if self._draft_probed:  # a probe succeeds when drafting pays after it
             self._probe.result(k)
             self._draft_probed = False
-        if k == 0 and fair_for_all(offers, self._costs, 2, per_draft) and self._probe.due():
-            # a probe drafts only for rows whose draft slots catch up in batched steps
-            drafting = [(r, n) for r, n in drafting if self.drafter.near(r.slot, len(r.history))]
-            if drafting:
-                k, self._draft_probed = 1, True
-                self.speculation.probes += 1
+        fair = fair_for_all(offers, self._costs, 2, per_draft, catch_up)
+        if k == 0 and fair and self._probe.due():
+            k, self._draft_probed = 1, True
+            self.speculation.probes += 1
         if k == 0:
             return
         started = time.perf_counter()
         asked = [(row.slot, row.history.array(), min(n, k)) for row, n in drafting]
         drafts = self.drafter.propose(asked)
         seconds = time.perf_counter() - started
-        if not self.drafter.prefilled and self.drafter.steps <= k + 1:  # a steady round
+        if not self.drafter.prefilled:  # every step batched: a step's cost
             self._draft_cost.timed(self.drafter.steps, seconds)
         step = self._costs.seconds.get((len(rows), 1))
-        spent = seconds / step if step else per_draft * (k + 1)
+        spent = seconds / step if step else per_draft * k + catch_up
         for row in rows:
             row.spent += spent
         for (row, _), tokens in zip(drafting, drafts):

@@ -49,9 +49,10 @@ class BatchDraftModel:
         self.prefilled = 0  # the most tokens one row caught up by in the last round
         self.steps = 0  # the batched steps the last round ran
 
-    def near(self, slot: int, length: int) -> bool:
-        """Whether the slot can catch up with a ``length``-token history in batched steps."""
-        return length - int(self._lengths[slot]) <= BATCHED_CATCH_UP
+    def lag(self, slot: int, length: int) -> int:
+        """How many tokens of a ``length``-token history the slot lacks (at least one: the
+        last token always runs)."""
+        return max(length - int(self._lengths[slot]), 1)
 
     def _keep_shared(self, slot: int, history: np.ndarray, most: int) -> int:
         """Rewind the slot to the longest prefix (at most ``most`` tokens) it shares with

@@ -123,29 +123,42 @@ class RowOffer:
         return self.spent + ratio <= (self.emitted + self.expected(width)) / SLOWEST
 
 
+def _pass_cost(costs: WidthCosts, rows: int, width: int, per_draft: float, fixed: float) -> float:
+    return costs.ratio(rows, width) + per_draft * (width - 1) + fixed
+
+
 def fair_for_all(
-    offers: list[RowOffer], costs: WidthCosts, width: int, per_draft: float = 0.0
+    offers: list[RowOffer],
+    costs: WidthCosts,
+    width: int,
+    per_draft: float = 0.0,
+    fixed: float = 0.0,
 ) -> bool:
-    ratio = costs.ratio(len(offers), width) + per_draft * width
+    ratio = _pass_cost(costs, len(offers), width, per_draft, fixed)
     return all(o.fair(ratio, width) for o in offers)
 
 
 def choose_width(
-    offers: list[RowOffer], costs: WidthCosts, most: int, per_draft: float = 0.0
+    offers: list[RowOffer],
+    costs: WidthCosts,
+    most: int,
+    per_draft: float = 0.0,
+    fixed: float = 0.0,
 ) -> int:
     """The tokens per row of the next pass (1: a plain step): the width whose expected tokens
     over all rows, per unit of cost, beats a plain step by the most, among the widths that keep
     every row's own rate, over its life, at ``SLOWEST`` of plain steps' or more (a row that
-    drafts nothing pays for a wide pass out of the slack plain steps leave it). ``per_draft``:
-    what making the drafts costs besides the pass, per token of its width, in one-token steps
-    (a draft model runs a step per draft and one to catch up on the last pass's tokens)."""
+    drafts nothing pays for a wide pass out of the slack plain steps leave it). Making the
+    drafts may cost besides the pass (a draft model's steps), in one-token steps: ``per_draft``
+    for each draft, ``fixed`` once (catching up on the tokens since its last round)."""
     rows = len(offers)
     best, best_gain = 1, float(rows)
     for width in range(2, most + 2):
-        if not fair_for_all(offers, costs, width, per_draft):
+        if not fair_for_all(offers, costs, width, per_draft, fixed):
             continue
-        cost = costs.ratio(rows, width) + per_draft * width
-        gain = sum(o.expected(width) for o in offers) / cost
+        gain = sum(o.expected(width) for o in offers) / _pass_cost(
+            costs, rows, width, per_draft, fixed
+        )
         if gain > best_gain * 1.02:  # a margin against noise in the timings
             best, best_gain = width, gain
     return best
