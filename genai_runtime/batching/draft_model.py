@@ -17,6 +17,8 @@ from ..errors import ModelError
 from ..model import Model
 from .slots import BatchedSlots
 
+BATCHED_CATCH_UP = 8  # a row further behind than this prefills alone before drafting
+
 
 def check_draft_model(target: Model, draft: Model) -> None:
     """A draft model must score the target's tokens: the same vocabulary and EOS ids."""
@@ -33,9 +35,6 @@ def check_draft_model(target: Model, draft: Model) -> None:
     why = BatchedSlots.supports(draft)
     if why is not None:
         raise ModelError(f"the draft model cannot decode a batch: {why}")
-
-
-BATCHED_CATCH_UP = 8  # a row further behind than this prefills alone before drafting
 
 
 class BatchDraftModel:
