@@ -32,6 +32,7 @@ from .speculation import (
     DRAFTED,
     OFFERED,
     DraftCost,
+    DraftSteps,
     RowDrafts,
     RowOffer,
     SpeculationStats,
@@ -357,14 +358,15 @@ class DecodeCore:
         per_draft = self._draft_cost.ratio(self._costs, len(rows))
         lag = max(self.drafter.lag(row.slot, len(row.history)) for row, _ in drafting)
         catch_up = per_draft * (min(lag, BATCHED_CATCH_UP) - 1)  # steps beyond one per draft
+        steps = DraftSteps(per_draft, catch_up)
         most = dict((id(row), n) for row, n in drafting)
         offers = [RowOffer(row.speculator if id(row) in most else None, most.get(id(row), 0),
                            DRAFTED, row.emitted, row.spent) for row in rows]  # fmt: skip
-        k = choose_width(offers, self._costs, self.speculate, per_draft, catch_up) - 1
+        k = choose_width(offers, self._costs, self.speculate, steps) - 1
         if self._draft_probed:  # a probe succeeds when drafting pays after it
             self._probe.result(k)
             self._draft_probed = False
-        fair = fair_for_all(offers, self._costs, 2, per_draft, catch_up)
+        fair = fair_for_all(offers, self._costs, 2, steps)
         if k == 0 and fair and self._probe.due():
             k, self._draft_probed = 1, True
             self.speculation.probes += 1

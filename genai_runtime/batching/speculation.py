@@ -123,42 +123,43 @@ class RowOffer:
         return self.spent + ratio <= (self.emitted + self.expected(width)) / SLOWEST
 
 
-def _pass_cost(costs: WidthCosts, rows: int, width: int, per_draft: float, fixed: float) -> float:
-    return costs.ratio(rows, width) + per_draft * (width - 1) + fixed
+@dataclass(frozen=True)
+class DraftSteps:
+    """What making a pass's drafts costs besides the pass, in one-token steps (a draft model's
+    steps): ``per_draft`` for each draft, ``fixed`` once (catching up on the tokens since its
+    last round). Lookups cost nothing."""
+
+    per_draft: float = 0.0
+    fixed: float = 0.0
+
+    def pass_cost(self, costs: WidthCosts, rows: int, width: int) -> float:
+        return costs.ratio(rows, width) + self.per_draft * (width - 1) + self.fixed
+
+
+LOOKUP = DraftSteps()
 
 
 def fair_for_all(
-    offers: list[RowOffer],
-    costs: WidthCosts,
-    width: int,
-    per_draft: float = 0.0,
-    fixed: float = 0.0,
+    offers: list[RowOffer], costs: WidthCosts, width: int, drafting: DraftSteps = LOOKUP
 ) -> bool:
-    ratio = _pass_cost(costs, len(offers), width, per_draft, fixed)
+    ratio = drafting.pass_cost(costs, len(offers), width)
     return all(o.fair(ratio, width) for o in offers)
 
 
 def choose_width(
-    offers: list[RowOffer],
-    costs: WidthCosts,
-    most: int,
-    per_draft: float = 0.0,
-    fixed: float = 0.0,
+    offers: list[RowOffer], costs: WidthCosts, most: int, drafting: DraftSteps = LOOKUP
 ) -> int:
     """The tokens per row of the next pass (1: a plain step): the width whose expected tokens
     over all rows, per unit of cost, beats a plain step by the most, among the widths that keep
     every row's own rate, over its life, at ``SLOWEST`` of plain steps' or more (a row that
-    drafts nothing pays for a wide pass out of the slack plain steps leave it). Making the
-    drafts may cost besides the pass (a draft model's steps), in one-token steps: ``per_draft``
-    for each draft, ``fixed`` once (catching up on the tokens since its last round)."""
+    drafts nothing pays for a wide pass out of the slack plain steps leave it), counting what
+    ``drafting`` costs besides the pass."""
     rows = len(offers)
     best, best_gain = 1, float(rows)
     for width in range(2, most + 2):
-        if not fair_for_all(offers, costs, width, per_draft, fixed):
+        if not fair_for_all(offers, costs, width, drafting):
             continue
-        gain = sum(o.expected(width) for o in offers) / _pass_cost(
-            costs, rows, width, per_draft, fixed
-        )
+        gain = sum(o.expected(width) for o in offers) / drafting.pass_cost(costs, rows, width)
         if gain > best_gain * 1.02:  # a margin against noise in the timings
             best, best_gain = width, gain
     return best

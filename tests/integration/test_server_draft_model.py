@@ -26,6 +26,7 @@ import genai_runtime as og
 from genai_runtime.batching.draft_model import BatchDraftModel, check_draft_model
 from genai_runtime.batching.speculation import (
     DRAFTED,
+    DraftSteps,
     RowDrafts,
     RowOffer,
     WidthCosts,
@@ -135,9 +136,11 @@ def test_the_draft_models_cost_counts_against_its_drafts() -> None:
     for _ in range(6):
         sure.kept(4, 4, DRAFTED)
     offers = [RowOffer(sure, 8, DRAFTED, 100, 100.0)] * 4
-    assert choose_width(offers, costs, 8, per_draft=0.1) > 2
+    assert choose_width(offers, costs, 8, DraftSteps(0.1, 0.1)) > 2
     # a draft model as slow as the model itself never pays
-    assert choose_width(offers, costs, 8, per_draft=1.0) == 1
+    assert choose_width(offers, costs, 8, DraftSteps(1.0, 1.0)) == 1
+    # nor one whose catching up (a row far behind prefilling) outweighs what it drafts
+    assert choose_width(offers, costs, 8, DraftSteps(0.1, 6.0)) == 1
 
 
 def test_draft_model_options_are_checked(tiny_fp32_folder: Path) -> None:
