@@ -64,16 +64,10 @@ def engine_over(model, adapters: Mapping[str, str] | None = None, **engine_optio
     return engine
 
 
-def build_engine(
-    model_dir: str | Path,
-    device: str | None = None,
-    adapters: Mapping[str, str] | None = None,
-    threads: int | None = None,
-    **engine_options,
-):
-    """Load a model folder (and its LoRA ``adapters``) and start an engine over it, its
-    sessions on ``threads`` intra-op threads each when given (``serve --threads``). A folder an
-    import wrote is checked against its recorded hashes first, as ``run`` checks it."""
+def _load(model_dir: str | Path, device: str | None, threads: int | None, spin: bool):
+    """A model folder checked against its recorded hashes (when an import wrote them) and
+    loaded on ``device`` and ``threads``; ``spin=False`` stops its threads spinning after each
+    run (sessions that take turns)."""
     from ..folder_hashes import verify_folder
     from ..model import Config, Model
 
@@ -85,18 +79,31 @@ def build_engine(
         config.use_device(device)
     if threads is not None:
         config.set_threads(threads)
-    if engine_options.get("speculate"):  # the decoder and its verify session take turns
+    if not spin:
         config.set_session_config_entry(STOP_SPINNING, "1")
+    return Model(config)
+
+
+def build_engine(
+    model_dir: str | Path,
+    device: str | None = None,
+    adapters: Mapping[str, str] | None = None,
+    threads: int | None = None,
+    **engine_options,
+):
+    """Load a model folder (and its LoRA ``adapters``, and a ``draft_model`` folder) and start
+    an engine over it, its sessions on ``threads`` intra-op threads each when given (``serve
+    --threads``). A folder an import wrote is checked against its recorded hashes first, as
+    ``run`` checks it."""
+    speculate = bool(engine_options.get("speculate"))  # the decoder and verify take turns
+    model = _load(model_dir, device, threads, spin=not speculate)
     draft_dir = engine_options.pop("draft_model", None)
-    if draft_dir is not None:  # on the same device and threads as the model
-        draft = Config(str(draft_dir))
-        if device:
-            draft.use_device(device)
-        if threads is not None:
-            draft.set_threads(threads)
-        draft.set_session_config_entry(STOP_SPINNING, "1")
-        engine_options["draft"] = Model(draft)
-    return engine_over(Model(config), adapters, **engine_options)
+    if draft_dir is not None:
+        try:
+            engine_options["draft"] = _load(draft_dir, device, threads, spin=False)
+        except GenaiRuntimeError as exc:
+            raise GenaiRuntimeError(f"draft model {draft_dir}: {exc}") from exc
+    return engine_over(model, adapters, **engine_options)
 
 
 def serve(model_dir: str, *, log_level: str = "info", **options) -> None:

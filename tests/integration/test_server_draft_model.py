@@ -153,6 +153,8 @@ def test_draft_model_options_are_checked(tiny_fp32_folder: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 2
     assert "--draft-model needs --speculate N" in run.stderr
+    with pytest.raises(GenaiRuntimeError, match=r"draft model .*nowhere"):
+        _serve(tiny_fp32_folder, 4, tiny_fp32_folder / "nowhere")
     other = og.Model(og.Config(str(require_shared("models", "smollm2-135m-instruct-int4"))))
     with pytest.raises(ModelError, match="vocabulary has 49152 tokens"):
         check_draft_model(og.Model(og.Config(str(tiny_fp32_folder))), other)
