@@ -52,9 +52,12 @@ def start_engine(
     adapters: Mapping[str, str] | None = None,
     **engine_options: Any,
 ):
-    """Load a model (and its LoRA ``adapters``, name -> ``.onnx_adapter`` path) and start the
-    server's engine thread over it."""
+    """Load a model (and its LoRA ``adapters``, name -> ``.onnx_adapter`` path, and a
+    ``draft_model`` folder) and start the server's engine thread over it."""
     from ..server import engine_over
 
     model = load_model(model_dir, threads=threads, device=device)
+    draft_dir = engine_options.pop("draft_model", None)
+    if draft_dir is not None:
+        engine_options["draft"] = load_model(draft_dir, threads=threads, device=device)
     return engine_over(model, adapters, **engine_options)
