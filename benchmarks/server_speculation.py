@@ -42,7 +42,7 @@ import threading
 import time
 import urllib.request
 
-from speculative import GROUNDED
+from speculative import GROUNDED, PASSAGE
 
 from genai_runtime.server import ServerHandle
 
@@ -77,14 +77,10 @@ NOTE = (
     "updates there timesheets by thursday evening so that payroll can be run on time. Thank you "
     "all for you're hard work this month."
 )
-REEF = (
-    "The Great Barrier Reef is the world's largest coral reef system, composed of over 2,900 "
-    "individual reefs and 900 islands stretching for over 2,300 kilometres over an area of "
-    "approximately 344,400 square kilometres. The reef is located in the Coral Sea, off the coast "
-    "of Queensland, Australia. It can be seen from outer space and is the world's biggest single "
-    "structure made by living organisms. This reef structure is composed of and built by billions "
-    "of tiny organisms, known as coral polyps. It supports a wide diversity of life and was "
-    "selected as a World Heritage Site in 1981."
+REEF = (  # speculative.py's passage and two sentences more
+    f"{PASSAGE} This reef structure is composed of and built by billions of tiny organisms, "
+    "known as coral polyps. It supports a wide diversity of life and was selected as a World "
+    "Heritage Site in 1981."
 )
 EDIT = [
     "Rename the function `mean` to `average` everywhere in this module and return the whole "
