@@ -101,22 +101,19 @@ class BatchDraftModel:
         drafts = np.zeros((len(rows), max(most)), np.int64)
         self.steps = lag + max(most) - 1
         for step in range(self.steps):
-            going, feed = [], []
+            going, feed, places = [], [], []
             for i, b in enumerate(behind):
                 at = step - (lag - b.size)  # this row's place in its history, then its drafts
-                if 0 <= at < b.size:
+                if 0 <= at < b.size + most[i] - 1:
                     going.append(i)
-                    feed.append(b[at])
-                elif b.size <= at < b.size + most[i] - 1:
-                    going.append(i)
-                    feed.append(drafts[i, at - b.size])
+                    feed.append(b[at] if at < b.size else drafts[i, at - b.size])
+                    places.append(at - b.size + 1)  # the draft its logits give, from 0
             slots = [rows[i][0] for i in going]
             tokens = np.asarray(feed, np.int64)
             logits = self.slots.decode(slots, tokens)
             self._held[slots, self._lengths[slots]] = tokens
             self._lengths[slots] += 1
-            for i, values in zip(going, logits):
-                at = step - (lag - behind[i].size)
-                if at >= behind[i].size - 1:  # past its history: the next draft
-                    drafts[i, at - behind[i].size + 1] = np.argmax(values)
+            for i, place, values in zip(going, places, logits):
+                if place >= 0:  # past its history: the next draft
+                    drafts[i, place] = np.argmax(values)
         return [drafts[i, :m] for i, m in enumerate(most)]
