@@ -69,6 +69,11 @@ class SpeculationStats:
         return {**self.__dict__, "acceptance_rate": rate}
 
 
+def _moving(old: float | None, new: float) -> float:
+    """A moving average of timings: mostly the old, a fifth the new (the first as it is)."""
+    return new if old is None else 0.8 * old + 0.2 * new
+
+
 @dataclass
 class WidthCosts:
     """Seconds per pass by (rows, width), as moving averages; a width not yet timed is
@@ -78,8 +83,7 @@ class WidthCosts:
 
     def timed(self, rows: int, width: int, seconds: float) -> None:
         key = (rows, width)
-        old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        self.seconds[key] = _moving(self.seconds.get(key), seconds)
 
     def ratio(self, rows: int, width: int) -> float:
         """A pass of ``width`` tokens per row over a one-token step, at ``rows`` rows."""
@@ -173,8 +177,7 @@ class DraftCost:
     seconds: float | None = None
 
     def timed(self, steps: int, seconds: float) -> None:
-        each = seconds / steps
-        self.seconds = each if self.seconds is None else 0.8 * self.seconds + 0.2 * each
+        self.seconds = _moving(self.seconds, seconds / steps)
 
     def ratio(self, costs: WidthCosts, rows: int) -> float:
         step = costs.seconds.get((rows, 1))
